@@ -1,0 +1,246 @@
+"""``estimate``: prefill time, decode step time, KV size and memory fit of one configuration.
+
+No queueing here (see ``calculator.serving``): TTFT is the prefill step itself, TPOT is the decode
+step at the mean context of the generation, and E2E = TTFT + (osl - 1) * TPOT.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from hardware_db.loader import load_gpu, load_model
+from hardware_db.schema import GPUSpec, KVDtype, ModelSpec, WeightDtype
+
+from . import formulas as f
+from .kv_cache import kv_bytes_per_gpu, kv_bytes_per_token, kv_cache_bytes
+from .params import embedding_params
+from .phases import Group, Setup, phase_bound, step_groups, step_time_s
+from .precision import EMBEDDING_BYTES, GEMM_RATE
+
+RUNTIME_RESERVE_BYTES = 2.0e9
+"""Per-GPU memory no engine can give to KV: CUDA context, cuBLAS/NCCL workspaces, CUDA graphs (~1-3 GB in vLLM)."""
+
+DEFAULT_MAX_BATCHED_TOKENS = 8192
+"""Tokens of one forward that the activation workspace is sized for (vLLM / TRT-LLM default budget)."""
+
+BoundName = Literal["compute", "memory", "communication", "latency"]
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class OpRow(_Out):
+    """One operator group of one phase; the rows of a phase add up to its time."""
+
+    phase: Literal["prefill", "decode"]
+    group: str
+    flops: float = Field(description="FLOPs on one GPU for the step")
+    bytes: float = Field(description="bytes moved on one GPU (HBM or link)")
+    arithmetic_intensity: float | None = Field(description="FLOP per byte; None for communication")
+    bound: BoundName
+    time_s: float
+    formula: str = Field(description="name of the formula in calculator.formulas that timed it")
+
+
+class MemoryBreakdown(_Out):
+    """Per-GPU memory of the configuration, bytes."""
+
+    hbm_bytes: float
+    usable_bytes: float = Field(description="hbm_bytes x gpu_memory_utilisation")
+    weights_bytes: float
+    activation_workspace_bytes: float
+    runtime_reserve_bytes: float
+    kv_budget_bytes: float = Field(description="usable - weights - workspace - reserve (negative: does not fit)")
+    kv_bytes_per_sequence: float = Field(description="KV of one isl+osl sequence on one GPU")
+    kv_bytes_batch: float = Field(description="KV of the requested batch on one GPU")
+    fits: bool
+    shortfall_bytes: float = Field(description="bytes missing per GPU for the weights and the batch's KV; 0 if it fits")
+
+
+class Estimate(_Out):
+    """Closed-form latency, memory and bounds of one model on one GPU type with one layout."""
+
+    model: str
+    gpu: str
+    tp: int
+    pp: int
+    ep: int
+    isl: int
+    osl: int
+    batch: int
+    weight_dtype: str
+    kv_dtype: str
+    prefix_hit: float
+    fits: bool
+    reason: str | None = Field(description="why it does not fit, None when it does")
+    num_gpus: int
+    ttft_s: float | None = Field(description="prefill step time (no queueing)")
+    prefill_s: float | None
+    tpot_s: float | None = Field(description="decode step time at the mean context isl + (osl+1)/2")
+    e2e_s: float | None = Field(description="ttft + (osl - 1) * tpot")
+    decode_first_step_s: float | None
+    decode_last_step_s: float | None
+    output_tokens_per_s: float | None = Field(description="batch / tpot: decode throughput of the instance")
+    kv_bytes_per_token: float = Field(description="all layers, tp=1, before any sliding-window cap")
+    kv_cache_bytes: float = Field(description="KV of the whole batch at isl+osl tokens, all layers, all GPUs")
+    weights_bytes_per_gpu: float
+    max_batch: int = Field(description="sequences of isl+osl tokens whose KV fits per instance")
+    memory: MemoryBreakdown
+    prefill_bound: BoundName | None
+    decode_bound: BoundName | None
+    prefill_intensity_flops_per_byte: float | None
+    decode_intensity_flops_per_byte: float | None
+    ridge_point_flops_per_byte: float = Field(description="GEMM peak / HBM bandwidth of the GPU (datasheet)")
+    rows: tuple[OpRow, ...] = ()
+
+
+def _rows(phase: Literal["prefill", "decode"], groups: list[Group]) -> list[OpRow]:
+    rows = []
+    for gr in groups:
+        fl, by = float(gr.flops), float(gr.bytes)
+        comm = bool(np.all(gr.bound == "communication"))
+        rows.append(OpRow(
+            phase=phase, group=gr.name, flops=fl, bytes=by,
+            arithmetic_intensity=None if comm or by == 0 else fl / by,
+            bound=str(gr.bound), time_s=float(gr.time_s), formula=gr.formula,
+        ))
+    return rows
+
+
+def memory_breakdown(
+    setup: Setup,
+    isl: int,
+    osl: int,
+    batch: int,
+    gpu_memory_utilisation: float = 0.9,
+    max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
+) -> MemoryBreakdown:
+    m, g = setup.model, setup.gpu
+    v = setup.values
+    weights = float(f.weights_bytes_per_gpu(
+        v, N=m.param_count(), N_emb=embedding_params(m), b_e=EMBEDDING_BYTES, pp=setup.pp
+    ))
+    workspace = float(f.activation_workspace_bytes(v, T=max_batched_tokens, b=min(batch, max_batched_tokens))) / setup.pp
+    per_seq = float(kv_bytes_per_gpu(m, isl + osl, setup.kv_dtype, tp=setup.tp, pp=setup.pp))
+    mem = dict(u=gpu_memory_utilisation, M_hbm=g.hbm_bytes, W_b=weights, A_b=workspace, R_b=RUNTIME_RESERVE_BYTES)
+    budget = float(f.kv_budget_bytes(mem))
+    need = per_seq * batch
+    fits = budget >= need and budget > 0
+    return MemoryBreakdown(
+        hbm_bytes=g.hbm_bytes, usable_bytes=g.hbm_bytes * gpu_memory_utilisation, weights_bytes=weights,
+        activation_workspace_bytes=workspace, runtime_reserve_bytes=RUNTIME_RESERVE_BYTES, kv_budget_bytes=budget,
+        kv_bytes_per_sequence=per_seq, kv_bytes_batch=need, fits=fits,
+        shortfall_bytes=0.0 if fits else need - budget,
+    )
+
+
+def _check_workload(isl: int, osl: int, batch: int, prefix_hit: float, m: ModelSpec) -> None:
+    for name, value, low in (("isl", isl, 1), ("osl", osl, 1), ("batch", batch, 1)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{name}: must be an integer >= {low}, got {value!r}")
+    if not (isinstance(prefix_hit, (int, float)) and math.isfinite(prefix_hit) and 0.0 <= prefix_hit < 1.0):
+        raise ValueError(f"prefix_hit: must be a fraction in [0, 1), got {prefix_hit!r}")
+    if isl + osl > m.max_position_embeddings:
+        raise ValueError(
+            f"isl: isl + osl = {isl + osl} exceeds {m.id}'s context window of {m.max_position_embeddings} tokens"
+        )
+
+
+def estimate(
+    model: ModelSpec | str,
+    gpu: GPUSpec | str,
+    tp: int = 1,
+    pp: int = 1,
+    isl: int = 1024,
+    osl: int = 256,
+    batch: int = 1,
+    weight_dtype: WeightDtype = "bf16",
+    kv_dtype: KVDtype = "bf16",
+    prefix_hit: float = 0.0,
+    ep: int = 1,
+    gpu_memory_utilisation: float = 0.9,
+    calibration: object | None = None,
+    rows: bool = True,
+) -> Estimate:
+    """Prefill, decode, KV and memory of ``batch`` requests of ``isl`` prompt and ``osl`` output tokens.
+
+    ``prefix_hit`` is the fraction of the prompt already in the prefix cache (not recomputed).
+    ``calibration`` is an ``Efficiency`` (or a path to a calibration YAML) that replaces the GPU's
+    default efficiencies. A configuration that does not fit is returned with ``fits=False``, the
+    reason and the shortfall, and no latency figures.
+    """
+    m = load_model(model) if isinstance(model, str) else model
+    g = load_gpu(gpu) if isinstance(gpu, str) else gpu
+    if calibration is not None:
+        from .calibration import apply_calibration
+
+        g = apply_calibration(g, calibration)
+    _check_workload(isl, osl, batch, prefix_hit, m)
+    if not (0.0 < gpu_memory_utilisation <= 1.0):
+        raise ValueError(f"gpu_memory_utilisation: must be in (0, 1], got {gpu_memory_utilisation!r}")
+    setup = Setup(m, g, tp=tp, pp=pp, ep=ep, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+    mem = memory_breakdown(setup, isl, osl, batch, gpu_memory_utilisation)
+    per_seq = mem.kv_bytes_per_sequence
+    max_b = int(f.max_batch(u=gpu_memory_utilisation, M_hbm=g.hbm_bytes, W_b=mem.weights_bytes,
+                            A_b=mem.activation_workspace_bytes, R_b=mem.runtime_reserve_bytes, K_seq=per_seq))
+    common = dict(
+        model=m.id, gpu=g.id, tp=tp, pp=pp, ep=ep, isl=isl, osl=osl, batch=batch, weight_dtype=weight_dtype,
+        kv_dtype=kv_dtype, prefix_hit=prefix_hit, num_gpus=tp * pp,
+        kv_bytes_per_token=kv_bytes_per_token(m, kv_dtype),
+        kv_cache_bytes=float(kv_cache_bytes(m, isl + osl, kv_dtype, tp=tp)) * batch,
+        weights_bytes_per_gpu=mem.weights_bytes, max_batch=max_b, memory=mem,
+        ridge_point_flops_per_byte=g.ridge_point_flops_per_byte(GEMM_RATE[weight_dtype]),
+    )
+    if not mem.fits:
+        return Estimate(
+            fits=False, reason=_not_fit_reason(m, g, setup, mem, batch), ttft_s=None, prefill_s=None, tpot_s=None,
+            e2e_s=None, decode_first_step_s=None, decode_last_step_s=None, output_tokens_per_s=None,
+            prefill_bound=None, decode_bound=None, prefill_intensity_flops_per_byte=None,
+            decode_intensity_flops_per_byte=None, **common,
+        )
+    cached = int(round(isl * prefix_hit))
+    new = isl - cached
+    pre = step_groups(setup, S=new, P=cached, b=batch, phase="prefill")
+    prefill_s = float(step_time_s(pre, setup))
+    mean_ctx = isl + (osl + 1) / 2
+    contexts = np.array([isl + 1, mean_ctx, isl + osl], dtype=float)
+    dec = step_groups(setup, S=1, P=contexts - 1, b=batch, phase="decode")
+    dec_times = step_time_s(dec, setup)
+    first, mean, last = (float(x) for x in dec_times)
+    dec_mean = step_groups(setup, S=1, P=mean_ctx - 1, b=batch, phase="decode")
+    return Estimate(
+        fits=True, reason=None, ttft_s=prefill_s, prefill_s=prefill_s, tpot_s=mean,
+        e2e_s=prefill_s + (osl - 1) * mean, decode_first_step_s=first, decode_last_step_s=last,
+        output_tokens_per_s=batch / mean,
+        prefill_bound=str(phase_bound(pre, setup)), decode_bound=str(phase_bound(dec_mean, setup)),
+        prefill_intensity_flops_per_byte=_intensity(pre), decode_intensity_flops_per_byte=_intensity(dec_mean),
+        rows=tuple(_rows("prefill", pre) + _rows("decode", dec_mean)) if rows else (),
+        **common,
+    )
+
+
+def _intensity(groups: list[Group]) -> float:
+    fl = sum(float(gr.flops) for gr in groups)
+    by = sum(float(gr.bytes) for gr in groups if not np.all(gr.bound == "communication"))
+    return fl / by if by else float("inf")
+
+
+def _not_fit_reason(m: ModelSpec, g: GPUSpec, setup: Setup, mem: MemoryBreakdown, batch: int) -> str:
+    gb = 1e9
+    fixed = mem.weights_bytes + mem.activation_workspace_bytes + mem.runtime_reserve_bytes
+    where = f"{m.id} on {g.id} at tp={setup.tp} pp={setup.pp} ({setup.weight_dtype} weights)"
+    if mem.kv_budget_bytes <= 0:
+        return (
+            f"weights do not fit: {where} needs {fixed / gb:.1f} GB per GPU for weights, workspace and runtime "
+            f"but only {mem.usable_bytes / gb:.1f} GB are usable; short by {(fixed - mem.usable_bytes) / gb:.1f} GB "
+            f"per GPU (plus {mem.kv_bytes_batch / gb:.2f} GB for the batch's KV)"
+        )
+    return (
+        f"KV cache does not fit: {where} leaves {mem.kv_budget_bytes / gb:.1f} GB per GPU for KV, the batch of {batch} "
+        f"needs {mem.kv_bytes_batch / gb:.1f} GB; short by {mem.shortfall_bytes / gb:.1f} GB per GPU"
+    )

@@ -1,0 +1,1 @@
+def model_from_hf_config(x): raise NotImplementedError

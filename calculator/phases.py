@@ -1,0 +1,273 @@
+"""Time of one forward step (a prefill or a decode iteration), opened into operator groups.
+
+A step processes, for each of ``b`` requests, ``S`` new tokens that attend to ``P`` cached ones
+(prefill: S = prompt, P = prefix hit; decode: S = 1, P = context - 1). Every group is timed on its
+own roofline, ``max(FLOPs / (peak * eta_c), bytes / (bandwidth * eta_m)) + kernels * latency``, and
+the groups add up. All inputs may be numpy arrays (broadcast together), so a sweep is one call.
+
+Per-GPU quantities divide the model by tensor parallelism; pipeline stages run one after another for
+one request, so the step latency sums all stages (PP adds p2p sends and never shortens a step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from hardware_db.schema import GPUSpec, ModelSpec
+
+from . import formulas as f
+from .kv_cache import kv_elements_per_token_layer
+from .params import attention_params, shape_values
+from .precision import (
+    ACTIVATION_BYTES,
+    ATTENTION_RATE,
+    EMBEDDING_BYTES,
+    GEMM_RATE,
+    kv_bytes,
+    weight_bytes,
+)
+
+Phase = Literal["prefill", "decode"]
+Bound = Literal["compute", "memory", "communication", "latency"]
+
+LOGIT_BYTES = 4.0
+"""Logits are materialised in fp32 for sampling."""
+
+# Kernel launches per layer for each group (fused QKV, o-proj; gate_up, act, down; router, permute,
+# two grouped GEMMs, act, unpermute; norm, rope, attention, kv write).
+KERNELS_PER_LAYER = {"attention_proj": 2, "mlp": 3, "moe": 6, "attention": 4}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A model on a GPU type with a parallel layout and precisions: everything a step needs."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    values: dict[str, float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        m, g = self.model, self.gpu
+        for name, v in (("tp", self.tp), ("pp", self.pp), ("ep", self.ep)):
+            if not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+        if self.ep > 1 and m.moe is None:
+            raise ValueError("ep: expert parallelism needs a mixture-of-experts model")
+        if self.tp % self.ep != 0:
+            raise ValueError(f"ep: must divide tp (experts are split inside the tensor-parallel group), got ep={self.ep}, tp={self.tp}")
+        if self.pp > m.num_layers:
+            raise ValueError(f"pp: {self.pp} stages exceed the model's {m.num_layers} layers")
+        v = dict(shape_values(m))
+        eff = g.efficiency
+        in_node = self.tp <= g.scaleup_domain_gpus
+        pp_in_node = self.tp * self.pp <= g.scaleup_domain_gpus
+        v.update(
+            tp=self.tp, ep=self.ep,
+            b_w=weight_bytes(self.weight_dtype), b_kv=kv_bytes(self.kv_dtype), b_a=ACTIVATION_BYTES,
+            e_kv=kv_elements_per_token_layer(m, self.tp),
+            beta_hbm=g.hbm_bytes_per_s, eta_c=eff.compute, eta_m=eff.memory, eta_l=eff.link,
+            tau_k=eff.kernel_latency_us * 1e-6, alpha=eff.collective_latency_us * 1e-6,
+        )
+        object.__setattr__(self, "values", v)
+        object.__setattr__(self, "tp_link_bytes_per_s", g.scaleup_bytes_per_s if in_node else g.scaleout_bytes_per_s)
+        object.__setattr__(self, "pp_link_bytes_per_s", g.scaleup_bytes_per_s if pp_in_node else g.scaleout_bytes_per_s)
+
+    # --- parameter bookkeeping (per whole model, before sharding) -----------------------------
+    @property
+    def attention_proj_params(self) -> float:
+        """Linear weights of attention, all layers (norm weights excluded)."""
+        m = self.model
+        return float(attention_params(m)) * m.num_layers
+
+    @property
+    def dense_mlp_params(self) -> float:
+        m = self.model
+        return float(f.mlp_params(self.values)) * (m.num_layers - m.num_moe_layers)
+
+    @property
+    def expert_params_each(self) -> float:
+        return float(f.expert_params(self.values)) if self.model.moe else 0.0
+
+    @property
+    def moe_fixed_params(self) -> float:
+        """Shared experts and routers of all MoE layers (read every step)."""
+        m = self.model
+        if m.moe is None:
+            return 0.0
+        shared = m.moe.num_shared_experts * (2 + int(m.gated_mlp)) * m.hidden_size * m.moe.expert_intermediate_size
+        return (shared + float(f.router_params(self.values))) * m.num_moe_layers
+
+    @property
+    def gemm_rate_flops_per_s(self) -> float:
+        return self.gpu.peak_flops_per_s(GEMM_RATE[self.weight_dtype])
+
+    @property
+    def attention_rate_flops_per_s(self) -> float:
+        return self.gpu.peak_flops_per_s(ATTENTION_RATE)
+
+
+@dataclass(frozen=True)
+class Group:
+    """One operator group of a step: work, traffic, time and what bounds it (arrays broadcast)."""
+
+    name: str
+    flops: np.ndarray
+    bytes: np.ndarray
+    time_s: np.ndarray
+    bound: np.ndarray  # of Bound strings
+    formula: str
+    compute_s: np.ndarray
+    memory_s: np.ndarray
+    latency_s: np.ndarray
+
+
+def _roofline(name: str, flops, bytes_, peak, kernels, setup: Setup) -> Group:
+    v = setup.values
+    flops = np.asarray(flops, dtype=float)
+    bytes_ = np.asarray(bytes_, dtype=float)
+    t = f.roofline_time(v, F=flops, Q=bytes_, pi=peak, n_k=kernels)
+    compute_s = flops / (peak * v["eta_c"])
+    memory_s = bytes_ / (v["beta_hbm"] * v["eta_m"])
+    latency_s = kernels * v["tau_k"]
+    bound = np.where(
+        latency_s > np.maximum(compute_s, memory_s), "latency", np.where(compute_s >= memory_s, "compute", "memory")
+    )
+    t = np.asarray(t, dtype=float)
+    zero = np.zeros_like(t)
+    return Group(name, flops, bytes_, t, bound, "roofline_time", compute_s + zero, memory_s + zero, latency_s + zero)
+
+
+def _mla_dims(m: ModelSpec, phase: Phase) -> tuple[float, float]:
+    """(d_qk, d_pv) per head. MLA prefill expands heads; decode runs absorbed in the latent space."""
+    if m.mla is None:
+        return float(m.head_dim), float(m.head_dim)
+    if phase == "prefill":
+        return float(m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim), float(m.mla.v_head_dim)
+    return float(m.mla.kv_lora_rank + m.mla.qk_rope_head_dim), float(m.mla.kv_lora_rank)
+
+
+def step_groups(setup: Setup, S: ArrayLike, P: ArrayLike, b: ArrayLike, phase: Phase) -> list[Group]:
+    """Operator groups of one forward step of ``b`` requests with ``S`` new and ``P`` cached tokens each."""
+    m, v = setup.model, setup.values
+    S = np.asarray(S, dtype=float)
+    P = np.asarray(P, dtype=float)
+    b = np.asarray(b, dtype=float)
+    T = b * S
+    tp, L = setup.tp, m.num_layers
+    gemm_peak = setup.gemm_rate_flops_per_s
+    groups: list[Group] = []
+
+    # attention projections
+    io_attn = (f.io_width_attention_mla if m.mla else f.io_width_attention_gqa)(v) * L
+    n_attn = setup.attention_proj_params
+    groups.append(_roofline(
+        "attention_proj",
+        f.gemm_flops(v, N_lin=n_attn / tp, T=T),
+        v["b_w"] * n_attn / tp + f.gemm_activation_bytes(v, T=T, X_io=io_attn),
+        gemm_peak, KERNELS_PER_LAYER["attention_proj"] * L, setup,
+    ))
+
+    # dense MLP layers
+    dense_layers = L - m.num_moe_layers
+    if dense_layers:
+        n_mlp = setup.dense_mlp_params
+        groups.append(_roofline(
+            "mlp",
+            f.gemm_flops(v, N_lin=n_mlp / tp, T=T),
+            v["b_w"] * n_mlp / tp + f.gemm_activation_bytes(v, T=T, X_io=f.io_width_mlp(v) * dense_layers),
+            gemm_peak, KERNELS_PER_LAYER["mlp"] * dense_layers, setup,
+        ))
+
+    # MoE layers: k routed + shared experts per token; weights of the distinct experts touched
+    if m.moe is not None:
+        Lm = m.num_moe_layers
+        active_per_layer = m.moe.experts_per_token * setup.expert_params_each + setup.moe_fixed_params / Lm
+        touched = f.expected_experts_touched(v, T=T)
+        groups.append(_roofline(
+            "moe",
+            f.gemm_flops(v, N_lin=active_per_layer * Lm / tp, T=T),
+            v["b_w"] * (touched * setup.expert_params_each * Lm + setup.moe_fixed_params) / tp
+            + f.gemm_activation_bytes(v, T=T, X_io=f.io_width_moe(v) * Lm),
+            gemm_peak, KERNELS_PER_LAYER["moe"] * Lm, setup,
+        ))
+
+    # LM head: last position of each request only; logits in fp32
+    lm_params = m.vocab_size * m.hidden_size
+    groups.append(_roofline(
+        "lm_head",
+        f.gemm_flops(v, N_lin=lm_params / tp, T=b),
+        EMBEDDING_BYTES * lm_params / tp + b * (m.hidden_size * v["b_a"] + m.vocab_size * LOGIT_BYTES / tp),
+        setup.gpu.peak_flops_per_s("bf16"), 2, setup,
+    ))
+
+    # attention core (QK^T, softmax, PV) over the cached and new tokens
+    d_qk, d_pv = _mla_dims(m, phase)
+    av = {**v, "S": S, "P": P, "b": b, "d_qk": d_qk, "d_pv": d_pv, "n_q": m.num_attention_heads / tp}
+    q_o_bytes = v["b_a"] * T * L * (m.num_attention_heads / tp) * (d_qk + d_pv)
+    groups.append(_roofline(
+        "attention",
+        f.attention_flops(av),
+        f.attention_kv_read_bytes(av) + f.kv_write_bytes(av) + q_o_bytes,
+        setup.attention_rate_flops_per_s, KERNELS_PER_LAYER["attention"] * L, setup,
+    ))
+
+    groups.extend(_communication(setup, T))
+    return groups
+
+
+def _comm_group(name: str, t: np.ndarray, bytes_: np.ndarray, formula: str) -> Group:
+    t = np.asarray(t, dtype=float)
+    zero = np.zeros_like(t)
+    return Group(name, zero, np.asarray(bytes_, dtype=float) + zero, t, np.full(t.shape, "communication"), formula,
+                 zero, zero, zero)
+
+
+def _communication(setup: Setup, T: np.ndarray) -> list[Group]:
+    m, v = setup.model, setup.values
+    out: list[Group] = []
+    msg = T * m.hidden_size * v["b_a"]
+    if setup.tp > 1:
+        # two all-reduces per layer (after W_o and after the MLP); with EP the MoE layers exchange by all-to-all
+        n_ar = 2 * m.num_layers - (m.num_moe_layers if setup.ep > 1 else 0)
+        t = f.ring_allreduce_time(v, n_coll=n_ar, M=msg, beta_link=setup.tp_link_bytes_per_s)
+        out.append(_comm_group("tp_allreduce", t, n_ar * msg * 2 * (setup.tp - 1) / setup.tp, "ring_allreduce_time"))
+    if setup.ep > 1:
+        n_a2a = 2 * m.num_moe_layers  # dispatch + combine
+        a2a_msg = msg * m.moe.experts_per_token / setup.ep  # type: ignore[union-attr]
+        t = f.alltoall_time(v, n_coll=n_a2a, M=a2a_msg, beta_link=setup.tp_link_bytes_per_s)
+        out.append(_comm_group("ep_alltoall", t, n_a2a * a2a_msg, "alltoall_time"))
+    if setup.pp > 1:
+        t = f.p2p_time(v, n_coll=setup.pp - 1, M=msg, beta_link=setup.pp_link_bytes_per_s)
+        out.append(_comm_group("pp_send", t, (setup.pp - 1) * msg, "p2p_time"))
+    return out
+
+
+def step_time_s(groups: list[Group], setup: Setup) -> np.ndarray:
+    """Sum of the groups plus the fixed per-step overhead (scheduling, sampling, launch)."""
+    total = sum(gr.time_s for gr in groups)
+    return np.asarray(total, dtype=float) + setup.gpu.efficiency.step_overhead_us * 1e-6
+
+
+def phase_bound(groups: list[Group], setup: Setup) -> np.ndarray:
+    """Which of compute, memory, communication or fixed latency takes most of the step's time."""
+    shares = {"compute": 0.0, "memory": 0.0, "communication": 0.0, "latency": setup.gpu.efficiency.step_overhead_us * 1e-6}
+    for gr in groups:
+        if gr.bound.size and np.all(gr.bound == "communication"):
+            shares["communication"] = shares["communication"] + gr.time_s
+            continue
+        roof = np.maximum(gr.compute_s, gr.memory_s)
+        shares["compute"] = shares["compute"] + np.where(gr.compute_s >= gr.memory_s, roof, 0.0)
+        shares["memory"] = shares["memory"] + np.where(gr.compute_s < gr.memory_s, roof, 0.0)
+        shares["latency"] = shares["latency"] + gr.latency_s
+    names = list(shares)
+    stacked = np.stack(np.broadcast_arrays(*[np.asarray(shares[n], dtype=float) for n in names]))
+    return np.asarray(names)[np.argmax(stacked, axis=0)]

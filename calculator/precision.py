@@ -1,0 +1,37 @@
+"""Numeric formats: bytes per element and which peak FLOP/s rate a format runs at."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from hardware_db.schema import KVDtype, WeightDtype
+
+MathRate = Literal["bf16", "fp8", "int8", "fp4"]
+
+WEIGHT_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5}
+KV_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+ACTIVATION_BYTES = 2.0
+"""Activations stay in 16-bit in every supported scheme (fp8/fp4 GEMMs quantise on the fly)."""
+
+EMBEDDING_BYTES = 2.0
+"""Embedding and LM head stay 16-bit under weight quantisation (vLLM, TensorRT-LLM, ModelOpt default)."""
+
+# Weight format -> tensor-core rate of the GEMMs. int4 is weight-only (w4a16): dequantised to bf16.
+GEMM_RATE: dict[str, MathRate] = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8", "int4": "bf16", "fp4": "fp4"}
+ATTENTION_RATE: MathRate = "bf16"
+"""Attention matmuls run in 16-bit (flash-attention); an fp8 KV cache is dequantised on load."""
+
+WEIGHT_DTYPES: tuple[str, ...] = get_args(WeightDtype)
+KV_DTYPES: tuple[str, ...] = get_args(KVDtype)
+
+
+def weight_bytes(dtype: str) -> float:
+    if dtype not in WEIGHT_BYTES:
+        raise ValueError(f"weight_dtype: unknown {dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
+    return WEIGHT_BYTES[dtype]
+
+
+def kv_bytes(dtype: str) -> float:
+    if dtype not in KV_BYTES:
+        raise ValueError(f"kv_dtype: unknown {dtype!r}; choose one of {', '.join(KV_DTYPES)}")
+    return KV_BYTES[dtype]

@@ -1,0 +1,234 @@
+"""Pydantic schema of the hardware database: GPU and model records, and the YAML files that hold them.
+
+Records are small frozen models. YAML keeps human units in the key names (``hbm_gb``,
+``peak_tflops``); the SI accessors (``hbm_bytes``, ``peak_flops_per_s``) convert once, here.
+Derived model quantities (parameter counts, KV bytes) are computed by ``calculator`` from the
+sympy formulas; the methods below only delegate, so there is one source of truth.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+WeightDtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "fp4"]
+KVDtype = Literal["bf16", "fp16", "fp8", "int8", "int4"]
+
+SCHEMA_VERSION = 1
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PeakTflops(_Record):
+    """Dense (no 2:4 sparsity) tensor-core peak of one GPU, in TFLOP/s (TOPS for int8)."""
+
+    bf16: float = Field(gt=0, description="bf16/fp16 dense peak, TFLOP/s")
+    fp8: float | None = Field(default=None, gt=0, description="fp8 dense peak, TFLOP/s; null if no fp8 path")
+    int8: float | None = Field(default=None, gt=0, description="int8 dense peak, TOPS")
+    fp4: float | None = Field(default=None, gt=0, description="fp4 dense peak, TFLOP/s; null if no native fp4")
+
+
+class Efficiency(_Record):
+    """Achieved fractions of the datasheet ceilings and fixed latencies (calibration constants).
+
+    Defaults are fitted to published TensorRT-LLM measurements (see ``bench/fit_defaults.py``);
+    ``pdplan validate`` fits them to the user's own machine.
+    """
+
+    compute: float = Field(default=0.6, gt=0, le=1, description="achieved / peak FLOP/s for GEMMs and attention")
+    memory: float = Field(default=0.8, gt=0, le=1, description="achieved / peak HBM bandwidth")
+    link: float = Field(default=0.8, gt=0, le=1, description="achieved / peak scale-up and scale-out bandwidth")
+    kernel_latency_us: float = Field(default=4.0, ge=0, description="fixed latency per kernel launch, microseconds")
+    step_overhead_us: float = Field(default=100.0, ge=0, description="fixed cost per forward step (scheduling, sampling), us")
+    collective_latency_us: float = Field(default=8.0, ge=0, description="latency per collective (all-reduce, all-to-all), us")
+    fitted_on: str | None = Field(default=None, description="which measurements the values were fitted to")
+
+
+class GPUSpec(_Record):
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$", max_length=64)
+    name: str
+    vendor: str
+    architecture: str
+    peak_tflops: PeakTflops
+    hbm_gb: float = Field(gt=0, description="memory capacity, decimal GB (1e9 bytes)")
+    memory_type: str = ""
+    hbm_bandwidth_tb_s: float = Field(gt=0, description="memory bandwidth, TB/s (1e12 B/s)")
+    scaleup_link: str = ""
+    scaleup_bandwidth_gb_s: float = Field(gt=0, description="scale-up link per GPU per direction, GB/s")
+    scaleup_domain_gpus: int = Field(default=8, ge=1, description="GPUs reachable over the scale-up link (a node)")
+    scaleout_bandwidth_gb_s: float = Field(gt=0, description="scale-out NIC per GPU per direction, GB/s")
+    tdp_w: float = Field(gt=0)
+    price_usd_per_hour: float = Field(gt=0, description="price per GPU-hour, USD")
+    price_is_assumption: bool = False
+    price_note: str = ""
+    confidence: Literal["high", "medium", "low"] = "medium"
+    efficiency: Efficiency = Efficiency()
+    sources: tuple[str, ...] = Field(min_length=1)
+    notes: str = ""
+
+    # SI accessors -------------------------------------------------------------------------------
+    @property
+    def hbm_bytes(self) -> float:
+        return self.hbm_gb * 1e9
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        return self.hbm_bandwidth_tb_s * 1e12
+
+    @property
+    def scaleup_bytes_per_s(self) -> float:
+        return self.scaleup_bandwidth_gb_s * 1e9
+
+    @property
+    def scaleout_bytes_per_s(self) -> float:
+        return self.scaleout_bandwidth_gb_s * 1e9
+
+    def peak_flops_per_s(self, math: Literal["bf16", "fp8", "int8", "fp4"]) -> float:
+        """Dense peak for a math precision, FLOP/s. Falls back to the next wider precision when absent."""
+        chain = {"fp4": ("fp4", "fp8", "bf16"), "fp8": ("fp8", "bf16"), "int8": ("int8", "bf16"), "bf16": ("bf16",)}
+        for name in chain[math]:
+            value = getattr(self.peak_tflops, name)
+            if value is not None:
+                return value * 1e12
+        raise AssertionError("bf16 peak is required")  # unreachable: bf16 is mandatory
+
+    def ridge_point_flops_per_byte(self, math: Literal["bf16", "fp8", "int8", "fp4"] = "bf16") -> float:
+        """Arithmetic intensity above which a kernel is compute-bound on this GPU: peak / bandwidth."""
+        return self.peak_flops_per_s(math) / self.hbm_bytes_per_s
+
+
+class MLASpec(_Record):
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2)."""
+
+    q_lora_rank: int = Field(ge=0, description="0 when queries are projected directly (no q low-rank)")
+    kv_lora_rank: int = Field(gt=0)
+    qk_nope_head_dim: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(gt=0)
+    v_head_dim: int = Field(gt=0)
+
+
+class MoESpec(_Record):
+    num_experts: int = Field(gt=1, description="routed experts per MoE layer")
+    experts_per_token: int = Field(gt=0, description="top-k routed experts per token")
+    expert_intermediate_size: int = Field(gt=0)
+    num_shared_experts: int = Field(default=0, ge=0, description="always-active experts of the same width")
+    num_dense_layers: int = Field(default=0, ge=0, description="leading layers with a dense MLP instead of MoE")
+    router_bias: bool = Field(default=False, description="router has a bias or a score-correction bias (E params)")
+    expert_bias: bool = Field(default=False, description="expert linear layers carry biases (gpt-oss)")
+
+    @model_validator(mode="after")
+    def _k_le_e(self) -> MoESpec:
+        if self.experts_per_token > self.num_experts:
+            raise ValueError("experts_per_token must not exceed num_experts")
+        return self
+
+
+class ModelSpec(_Record):
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$", max_length=64)
+    name: str
+    family: str = Field(description="Hugging Face model_type")
+    hf_repo: str | None = None
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    tie_word_embeddings: bool = False
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0, description="per-head dimension; not always hidden/heads (Gemma, Qwen3, gpt-oss)")
+    mla: MLASpec | None = None
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = Field(default=False, description="per-head RMSNorm on q and k (Qwen3, Gemma-3)")
+    attention_sinks: bool = Field(default=False, description="one learned logit per head per layer (gpt-oss)")
+    sliding_window: int | None = Field(default=None, gt=0)
+    num_sliding_layers: int = Field(default=0, ge=0, description="layers that attend within sliding_window")
+    intermediate_size: int = Field(gt=0, description="dense MLP width")
+    gated_mlp: bool = Field(default=True, description="SwiGLU/GeGLU (3 matrices) rather than a plain 2-matrix MLP")
+    mlp_bias: bool = False
+    moe: MoESpec | None = None
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    norms_per_layer: int = Field(default=2, ge=1, le=4)
+    learned_position_embeddings: int = Field(default=0, ge=0, description="rows of a learned position table (OPT)")
+    max_position_embeddings: int = Field(gt=0)
+    checkpoint_dtype: str = "bf16"
+    published_params_total: float | None = Field(default=None, description="published total parameters")
+    published_params_active: float | None = Field(default=None, description="published active parameters (MoE)")
+    sources: tuple[str, ...] = Field(min_length=1)
+    notes: str = ""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelSpec:
+        if self.num_attention_heads % self.num_kv_heads != 0:
+            raise ValueError("num_attention_heads must be a multiple of num_kv_heads")
+        if self.num_sliding_layers > self.num_layers:
+            raise ValueError("num_sliding_layers must not exceed num_layers")
+        if self.num_sliding_layers and self.sliding_window is None:
+            raise ValueError("num_sliding_layers > 0 needs sliding_window")
+        if self.moe is not None and self.moe.num_dense_layers > self.num_layers:
+            raise ValueError("moe.num_dense_layers must not exceed num_layers")
+        return self
+
+    @property
+    def attention_kind(self) -> Literal["mha", "gqa", "mqa", "mla"]:
+        if self.mla is not None:
+            return "mla"
+        if self.num_kv_heads == self.num_attention_heads:
+            return "mha"
+        return "mqa" if self.num_kv_heads == 1 else "gqa"
+
+    @property
+    def num_moe_layers(self) -> int:
+        return 0 if self.moe is None else self.num_layers - self.moe.num_dense_layers
+
+    def param_count(self) -> int:
+        """Total parameters (tied embeddings counted once), from ``calculator.params``."""
+        from calculator.params import param_count
+
+        return param_count(self)
+
+    def active_param_count(self) -> int:
+        """Parameters used per token: all but the routed experts a token does not select."""
+        from calculator.params import active_param_count
+
+        return active_param_count(self)
+
+
+class GPUFile(_Record):
+    schema_version: Literal[1]
+    gpus: tuple[GPUSpec, ...]
+
+    @field_validator("gpus")
+    @classmethod
+    def _unique(cls, gpus: tuple[GPUSpec, ...]) -> tuple[GPUSpec, ...]:
+        _require_unique([g.id for g in gpus])
+        return gpus
+
+
+class ModelFile(_Record):
+    schema_version: Literal[1]
+    models: tuple[ModelSpec, ...]
+
+    @field_validator("models")
+    @classmethod
+    def _unique(cls, models: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
+        _require_unique([m.id for m in models])
+        return models
+
+
+class UserFile(_Record):
+    """A user's own hardware file: adds or overrides GPUs and models by id."""
+
+    schema_version: Literal[1]
+    gpus: tuple[GPUSpec, ...] = ()
+    models: tuple[ModelSpec, ...] = ()
+
+
+def _require_unique(ids: list[str]) -> None:
+    seen: set[str] = set()
+    for i in ids:
+        if i in seen:
+            raise ValueError(f"duplicate id {i!r}")
+        seen.add(i)
