@@ -1,0 +1,59 @@
+"""model_from_hf_config on verbatim config.json files (tests/fixtures/hf_configs/SOURCES.md)."""
+
+import json
+
+import pytest
+
+import calculator as pc
+from conftest import FIXTURES
+
+CONFIGS = FIXTURES / "hf_configs"
+ROUND_TRIP = {
+    "meta-llama--Llama-3.1-8B": "llama-3.1-8b", "meta-llama--Llama-3.1-70B-Instruct": "llama-3.1-70b",
+    "mistralai--Mistral-7B-v0.1": "mistral-7b", "mistralai--Mixtral-8x7B-v0.1": "mixtral-8x7b",
+    "Qwen--Qwen2.5-7B": "qwen2.5-7b", "Qwen--Qwen3-8B": "qwen3-8b", "Qwen--Qwen3-32B": "qwen3-32b",
+    "Qwen--Qwen3-30B-A3B": "qwen3-30b-a3b", "deepseek-ai--DeepSeek-R1": "deepseek-v3",
+    "openai--gpt-oss-120b": "gpt-oss-120b", "google--gemma-3-27b-it": "gemma-3-27b",
+}
+SHAPE = ["num_layers", "hidden_size", "vocab_size", "tie_word_embeddings", "num_attention_heads", "num_kv_heads",
+         "head_dim", "mla", "moe", "qkv_bias", "o_bias", "qk_norm", "attention_sinks", "sliding_window",
+         "num_sliding_layers", "norms_per_layer", "gated_mlp"]
+
+
+@pytest.mark.parametrize("stem, model_id", sorted(ROUND_TRIP.items()))
+def test_config_gives_the_catalog_architecture(stem, model_id):
+    ours = pc.model_from_hf_config(CONFIGS / f"{stem}.json")
+    ref = pc.load_model(model_id)
+    assert {k: getattr(ours, k) for k in SHAPE} == {k: getattr(ref, k) for k in SHAPE}
+    assert ours.param_count() == ref.param_count()
+    assert ours.active_param_count() == ref.active_param_count()
+
+
+def test_dict_input_and_custom_id():
+    cfg = json.loads((CONFIGS / "meta-llama--Llama-3.1-8B.json").read_text())
+    m = pc.model_from_hf_config(cfg, model_id="My Llama")
+    assert m.id == "my-llama" and m.param_count() == 8_030_261_248
+
+
+def test_unsupported_family_names_the_supported_ones():
+    with pytest.raises(ValueError, match="model_type 'phi' is not supported; supported: llama, mistral"):
+        pc.model_from_hf_config(CONFIGS / "unsupported--microsoft--phi-1.json")
+
+
+@pytest.mark.parametrize("cfg, field", [
+    ({"model_type": "llama"}, "num_hidden_layers"),
+    ({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": -4, "num_attention_heads": 2,
+      "intermediate_size": 8, "vocab_size": 10}, "hidden_size"),
+    ({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 6,
+      "num_key_value_heads": 4, "intermediate_size": 8, "vocab_size": 10}, "num_kv_heads"),
+])
+def test_bad_configs_name_the_field(cfg, field):
+    with pytest.raises(ValueError, match=field):
+        pc.model_from_hf_config(cfg)
+
+
+def test_not_json(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text("{nope")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        pc.model_from_hf_config(tmp_path)
