@@ -22,3 +22,8 @@ __all__ = [
     "OpRow", "UnknownIdError", "estimate", "kv_bytes_per_token", "kv_cache_bytes", "list_gpus", "list_models",
     "load_gpu", "load_model", "model_from_hf_config",
 ]
+
+from .optimizer import Candidate, Plan, plan  # noqa: E402
+from .serving import SLO, Deployment, Evaluation, Length, Pool, Workload, evaluate  # noqa: E402
+
+__all__ += ["Candidate", "Deployment", "Evaluation", "Length", "Plan", "Pool", "SLO", "Workload", "evaluate", "plan"]

@@ -380,3 +380,52 @@ max_batch = _formula(
     "sequences",
     "Sequences of isl+osl tokens whose KV fits in the budget.",
 )
+
+# --- queueing and serving ----------------------------------------------------------------------
+lam = _sym("lambda", "arrival rate at one queue", "1/s", r"\lambda")
+ES = _sym("E_S", "mean service time", "s", r"E[S]")
+cs2 = _sym("c_s2", "squared coefficient of variation of the service time", "1", r"c_s^2")
+n_srv = _sym("c_srv", "servers sharing one queue", "servers", "c")
+p_q = _sym("p", "percentile as a fraction", "1")
+Wq = _sym("W_q", "mean wait in queue", "s", "W_{q}")
+Pw = _sym("P_w", "probability that an arrival waits", "1", "P_{w}")
+t_d = _sym("t_d", "decode step time", "s", "t_{d}")
+rho_p = _sym("rho_p", "fraction of time spent in prefill", "1", r"\rho_{p}")
+n_out = _sym("n_out", "output tokens per request", "tokens", "n_{out}")
+
+server_utilisation = _formula("server_utilisation", lam * ES / n_srv, "1", "rho = lambda E[S] / c.")
+wait_probability = _formula(
+    "wait_probability",
+    sp.Min(1, (lam * ES / n_srv) ** (sp.sqrt(2 * (n_srv + 1)) - 1)),
+    "1",
+    "Probability of waiting in M/M/c, Sakasegawa's approximation (exact, rho, for c = 1).",
+)
+mean_queue_wait = _formula(
+    "mean_queue_wait",
+    wait_probability.expr / (n_srv * (1 - lam * ES / n_srv)) * ES * (1 + cs2) / 2,
+    "s",
+    "M/G/c mean wait (Allen-Cunneen); for c = 1 it is Pollaczek-Khinchine, lambda E[S^2] / (2 (1 - rho)).",
+)
+wait_percentile = _formula(
+    "wait_percentile",
+    Wq / Pw * sp.Max(0, sp.log(Pw / (1 - p_q))),
+    "s",
+    "p-quantile of the wait: an arrival waits with probability P_w, and then an exponential time of mean W_q/P_w.",
+)
+mixed_tpot = _formula(
+    "mixed_tpot",
+    t_d / (1 - rho_p),
+    "s",
+    "Mean TPOT when prefills pre-empt decode: each token waits out the prefills that arrive meanwhile.",
+)
+tpot_sym = _sym("TPOT", "time per output token", "s")
+littles_law_batch = _formula(
+    "littles_law_batch", lam * n_out * tpot_sym, "sequences",
+    "Sequences decoding at once = arrival rate x output tokens x time per token (Little's law).",
+)
+kv_transfer_time = _formula(
+    "kv_transfer_time",
+    Q / (beta_link * eta_l) + alpha,
+    "s",
+    "Moving a request's KV cache (Q bytes, summed over the parallel links) from the prefill to the decode pool.",
+)

@@ -155,13 +155,23 @@ def _mla_dims(m: ModelSpec, phase: Phase) -> tuple[float, float]:
     return float(m.mla.kv_lora_rank + m.mla.qk_rope_head_dim), float(m.mla.kv_lora_rank)
 
 
-def step_groups(setup: Setup, S: ArrayLike, P: ArrayLike, b: ArrayLike, phase: Phase) -> list[Group]:
-    """Operator groups of one forward step of ``b`` requests with ``S`` new and ``P`` cached tokens each."""
+def step_groups(
+    setup: Setup, S: ArrayLike, P: ArrayLike, b: ArrayLike, phase: Phase,
+    chunk: tuple[ArrayLike, ArrayLike] | None = None,
+) -> list[Group]:
+    """Operator groups of one forward step of ``b`` requests with ``S`` new and ``P`` cached tokens each.
+
+    ``chunk=(S_c, P_c)`` adds one prefill chunk of ``S_c`` tokens after ``P_c`` already-prefilled ones
+    to the same step (a Sarathi hybrid iteration): weights are read once for all tokens, and the chunk
+    re-reads the KV its earlier chunks wrote.
+    """
     m, v = setup.model, setup.values
     S = np.asarray(S, dtype=float)
     P = np.asarray(P, dtype=float)
     b = np.asarray(b, dtype=float)
-    T = b * S
+    S_c = np.asarray(chunk[0] if chunk else 0.0, dtype=float)
+    P_c = np.asarray(chunk[1] if chunk else 0.0, dtype=float)
+    T = b * S + S_c
     tp, L = setup.tp, m.num_layers
     gemm_peak = setup.gemm_rate_flops_per_s
     groups: list[Group] = []
@@ -210,18 +220,27 @@ def step_groups(setup: Setup, S: ArrayLike, P: ArrayLike, b: ArrayLike, phase: P
     ))
 
     # attention core (QK^T, softmax, PV) over the cached and new tokens
-    d_qk, d_pv = _mla_dims(m, phase)
-    av = {**v, "S": S, "P": P, "b": b, "d_qk": d_qk, "d_pv": d_pv, "n_q": m.num_attention_heads / tp}
-    q_o_bytes = v["b_a"] * T * L * (m.num_attention_heads / tp) * (d_qk + d_pv)
+    attn_flops, attn_bytes = _attention_work(setup, S, P, b, phase)
+    if chunk is not None:
+        chunk_flops, chunk_bytes = _attention_work(setup, S_c, P_c, np.ones_like(S_c), "prefill")
+        attn_flops, attn_bytes = attn_flops + chunk_flops, attn_bytes + chunk_bytes
     groups.append(_roofline(
-        "attention",
-        f.attention_flops(av),
-        f.attention_kv_read_bytes(av) + f.kv_write_bytes(av) + q_o_bytes,
-        setup.attention_rate_flops_per_s, KERNELS_PER_LAYER["attention"] * L, setup,
+        "attention", attn_flops, attn_bytes, setup.attention_rate_flops_per_s,
+        KERNELS_PER_LAYER["attention"] * L * (2 if chunk is not None else 1), setup,
     ))
 
     groups.extend(_communication(setup, T))
     return groups
+
+
+def _attention_work(setup: Setup, S, P, b, phase: Phase) -> tuple[np.ndarray, np.ndarray]:
+    """FLOPs and bytes of the attention core on one GPU for one kind of segment."""
+    m, v = setup.model, setup.values
+    d_qk, d_pv = _mla_dims(m, phase)
+    heads = m.num_attention_heads / setup.tp
+    av = {**v, "S": S, "P": P, "b": b, "d_qk": d_qk, "d_pv": d_pv, "n_q": heads}
+    q_o_bytes = v["b_a"] * b * S * m.num_layers * heads * (d_qk + d_pv)
+    return f.attention_flops(av), f.attention_kv_read_bytes(av) + f.kv_write_bytes(av) + q_o_bytes
 
 
 def _comm_group(name: str, t: np.ndarray, bytes_: np.ndarray, formula: str) -> Group:
