@@ -1,0 +1,42 @@
+"""Time ``calculator.plan`` in-process over the default search space (all modes, 4 GPU types,
+heterogeneous prefill/decode pairs) and ``calculator.estimate``; prints medians of repeated runs.
+
+    python bench/plan_speed.py
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import calculator as pc  # noqa: E402
+
+
+def median_s(fn, repeats: int) -> float:
+    fn()  # warm caches (database, lambdified formulas)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main() -> None:
+    w = pc.Workload(rate=12.0, isl=4000, osl=500)
+    slo = pc.SLO(ttft_s=2.0, tpot_s=0.05, percentile=90)
+    gpus = ["h100-sxm", "h200-sxm", "h20", "a100-sxm-80gb"]
+    plan_s = median_s(lambda: pc.plan("llama-3.1-70b", workload=w, slo=slo, gpus=gpus), 5)
+    est_s = median_s(lambda: pc.estimate("llama-3.1-70b", "h200-sxm", tp=4, isl=4000, osl=500), 50)
+    print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}")
+    print(f"plan (llama-3.1-70b, 4 GPU types, all modes): median {plan_s * 1e3:.0f} ms")
+    print(f"estimate (llama-3.1-70b on h200-sxm tp4):       median {est_s * 1e3:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

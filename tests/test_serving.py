@@ -1,0 +1,130 @@
+"""Serving model: closed forms against the discrete-event oracle, and the planner's behaviour."""
+
+import numpy as np
+import pytest
+from des import simulate_disaggregated, simulate_mixed
+
+import calculator as pc
+from calculator.serving import analyse
+from calculator.serving.base import PoolModel
+from calculator.serving.disaggregated import kv_transfer_s
+
+MODEL = pc.load_model("llama-3.1-8b")
+
+
+def _close(closed, simulated, rel=0.15):
+    assert closed == pytest.approx(simulated, rel=rel)
+
+
+@pytest.mark.parametrize("rate", [2.0, 6.0])
+def test_mixed_matches_simulation(rate):
+    w = pc.Workload(rate=rate, isl=2000, osl=200)
+    d = pc.Deployment(mode="mixed", pool=pc.Pool(gpu="h100-sxm", tp=1))
+    pm = PoolModel.build(MODEL, d.pool, w)
+    a = analyse(MODEL, d, w, np.array([rate]), 0.9)
+    assert a.stable[0] and a.utilisation[0] <= 0.8
+    ttft, tpot = simulate_mixed(pm, rate, 2000, 200)
+    _close(a.ttft_mean_s[0], ttft.mean())
+    _close(a.ttft_p_s[0], np.percentile(ttft, 90))
+    _close(a.tpot_mean_s[0], tpot.mean())
+    _close(a.tpot_p_s[0], np.percentile(tpot, 90))
+
+
+@pytest.mark.parametrize("rate, n_prefill", [(10.0, 2), (25.0, 4)])
+def test_disaggregated_matches_simulation(rate, n_prefill):
+    w = pc.Workload(rate=rate, isl=2000, osl=200)
+    d = pc.Deployment(mode="disaggregated", prefill=pc.Pool(gpu="h100-sxm", instances=n_prefill),
+                      decode=pc.Pool(gpu="h100-sxm", instances=1))
+    pre, dec = PoolModel.build(MODEL, d.prefill, w), PoolModel.build(MODEL, d.decode, w)
+    a = analyse(MODEL, d, w, np.array([rate]), 0.9)
+    assert a.stable[0] and a.utilisation[0] <= 0.8
+    kv = kv_transfer_s(MODEL, d, w, pre, dec, float(pre.prefill_s(2000)))
+    ttft, tpot = simulate_disaggregated(pre, dec, n_prefill, rate, 2000, 200, kv)
+    _close(a.ttft_mean_s[0], ttft.mean())
+    _close(a.ttft_p_s[0], np.percentile(ttft, 90))
+    _close(a.tpot_mean_s[0], tpot.mean())
+    _close(a.tpot_p_s[0], np.percentile(tpot, 90))
+
+
+def test_overload_is_reported_unstable():
+    w = pc.Workload(rate=500.0, isl=4000, osl=500)
+    r = pc.evaluate("llama-3.1-8b", pc.Deployment(mode="mixed", pool=pc.Pool(gpu="h100-sxm")), w)
+    assert not r.stable and "overloaded" in r.reason
+    with pytest.raises(ValueError, match="unstable"):
+        r.ttft_s(90)
+
+
+def test_disaggregated_ttft_includes_kv_transfer_and_grows_on_slower_links():
+    w = pc.Workload(rate=2.0, isl=8000, osl=200)
+    pools = dict(prefill=pc.Pool(gpu="h100-sxm", tp=2, instances=2, weight_dtype="fp8"),
+                 decode=pc.Pool(gpu="h100-sxm", tp=2, instances=2, weight_dtype="fp8"))
+    up = pc.evaluate("llama-3.1-70b", pc.Deployment(mode="disaggregated", kv_link="scaleup", **pools), w)
+    out = pc.evaluate("llama-3.1-70b", pc.Deployment(mode="disaggregated", kv_link="scaleout", **pools), w)
+    # 8000 tokens x 327,680 B = 2.62 GB over 2 links: NVLink 2x450 GB/s vs NIC 2x50 GB/s (x0.8 efficiency)
+    assert out.kv_transfer_s == pytest.approx(8000 * 327_680 / (2 * 50e9 * 0.8) + 8e-6, rel=1e-6)
+    assert out.kv_transfer_s / out.ttft_mean_s > up.kv_transfer_s / up.ttft_mean_s
+    assert out.ttft_mean_s - up.ttft_mean_s == pytest.approx(out.kv_transfer_s - up.kv_transfer_s, rel=1e-6)
+
+
+def test_low_load_short_prompts_do_not_recommend_disaggregation():
+    w = pc.Workload(rate=0.5, isl=512, osl=256)
+    p = pc.plan("llama-3.1-8b", workload=w, slo=pc.SLO(ttft_s=5.0, tpot_s=0.2), gpus=["h100-sxm", "h200-sxm"])
+    assert p.feasible and p.best.mode != "disaggregated"
+    mixed = min(c.num_gpus for c in p.candidates if c.mode == "mixed")
+    disagg = min(c.num_gpus for c in p.candidates if c.mode == "disaggregated")
+    assert disagg >= mixed
+
+
+def test_long_prompts_tight_tpot_beat_plain_mixed_and_name_interference():
+    w = pc.Workload(rate=20.0, isl=8000, osl=500)
+    p = pc.plan("llama-3.1-70b", workload=w, slo=pc.SLO(ttft_s=3.0, tpot_s=0.03),
+                gpus=["h100-sxm", "h200-sxm"], weight_dtype="fp8", kv_dtype="fp8")
+    assert p.feasible and p.best.mode in ("chunked", "disaggregated")
+    best_mixed = next((c for c in p.candidates if c.mode == "mixed"), None)
+    if best_mixed is not None:
+        assert best_mixed.num_gpus > p.best.num_gpus
+    assert "interference" in p.explain().lower()
+
+
+def test_infeasible_tpot_names_the_decode_floor():
+    w = pc.Workload(rate=1.0, isl=1000, osl=100)
+    p = pc.plan("llama-3.1-70b", workload=w, slo=pc.SLO(ttft_s=2.0, tpot_s=0.001), gpus=["h100-sxm"])
+    assert not p.feasible
+    assert p.reason.startswith("TPOT 0.001 s is below the batch-1 decode floor of")
+    assert p.nearest_feasible_slo.tpot_s > 0.001
+
+
+@pytest.mark.parametrize("rate", [1.0, 4.0])
+def test_doubling_rate_never_lowers_gpus_and_looser_slo_stays_feasible(rate):
+    gpus = ["h100-sxm"]
+    slo = pc.SLO(ttft_s=2.0, tpot_s=0.05)
+    w = pc.Workload(rate=rate, isl=2000, osl=300)
+    a = pc.plan("llama-3.1-8b", workload=w, slo=slo, gpus=gpus)
+    b = pc.plan("llama-3.1-8b", workload=w.model_copy(update={"rate": 2 * rate}), slo=slo, gpus=gpus)
+    loose = pc.plan("llama-3.1-8b", workload=w, slo=pc.SLO(ttft_s=4.0, tpot_s=0.1), gpus=gpus)
+    more = pc.plan("llama-3.1-8b", workload=w, slo=slo, gpus=gpus + ["h200-sxm"])
+    assert a.feasible and b.feasible and loose.feasible and more.feasible
+    assert b.best.num_gpus >= a.best.num_gpus
+    assert loose.best.num_gpus <= a.best.num_gpus and more.best.num_gpus <= a.best.num_gpus
+
+
+def test_plan_input_errors():
+    w = pc.Workload(rate=1.0, isl=100, osl=10)
+    with pytest.raises(ValueError, match="gpus"):
+        pc.plan("llama-3.1-8b", workload=w, slo=pc.SLO(ttft_s=1, tpot_s=0.1), gpus=[])
+    with pytest.raises(pc.UnknownIdError, match="h100-sxm"):
+        pc.plan("llama-3.1-8b", workload=w, slo=pc.SLO(ttft_s=1, tpot_s=0.1), gpus=["h100"])
+    with pytest.raises(ValueError):
+        pc.Workload(rate=-1, isl=100, osl=10)
+    with pytest.raises(ValueError):
+        pc.Workload(rate=1, isl=[1, 2], osl=float("nan"))
+
+
+def test_length_distributions():
+    fixed = pc.Length.model_validate(4000)
+    pair = pc.Length.model_validate([4000, 0.5])
+    samples = pc.Length.model_validate([100, 200, 300, 400])
+    assert fixed.points()[0].tolist() == [4000]
+    vals, w = pair.points()
+    assert np.sum(vals * w) == pytest.approx(4000, rel=0.05)
+    assert samples.mean == 250 and samples.quantile(0.5) == 250
