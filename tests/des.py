@@ -11,6 +11,21 @@ import numpy as np
 from calculator.serving.base import PoolModel
 
 
+def _decode_step(pm: PoolModel, running: dict[int, int], done: np.ndarray, t: float, ctx: float,
+                 cache: dict[int, float]) -> float:
+    """One continuous-batching decode iteration: every running request emits a token; returns the new time."""
+    b = len(running)
+    if b not in cache:
+        cache[b] = float(pm.decode_s(b, ctx))
+    t += cache[b]
+    for r in list(running):
+        running[r] -= 1
+        if running[r] <= 0:
+            done[r] = t
+            del running[r]
+    return t
+
+
 def simulate_mixed(pm: PoolModel, rate: float, isl: int, osl: int, n: int = 3000, seed: int = 0):
     """One instance, prefill prioritised (one prefill per step), continuous-batched decode."""
     rng = np.random.default_rng(seed)
@@ -35,15 +50,7 @@ def simulate_mixed(pm: PoolModel, rate: float, isl: int, osl: int, n: int = 3000
             else:
                 done[r] = t
         elif running:
-            b = len(running)
-            if b not in decode_cache:
-                decode_cache[b] = float(pm.decode_s(b, ctx))
-            t += decode_cache[b]
-            for r in list(running):
-                running[r] -= 1
-                if running[r] == 0:
-                    done[r] = t
-                    del running[r]
+            t = _decode_step(pm, running, done, t, ctx, decode_cache)
         else:
             t = arrivals[i]
     ttft = first - arrivals
@@ -83,15 +90,7 @@ def simulate_disaggregated(pre: PoolModel, dec: PoolModel, n_prefill: int, rate_
         if not running:
             t = ready[order[idx]]
             continue
-        b = len(running)
-        if b not in cache:
-            cache[b] = float(dec.decode_s(b, ctx))
-        t += cache[b]
-        for r in list(running):
-            running[r] -= 1
-            if running[r] <= 0:
-                done[r] = t
-                del running[r]
+        t = _decode_step(dec, running, done, t, ctx, cache)
     tpot = (done - first_dec) / max(osl - 1, 1)
     warm = slice(n // 10, None)
     return ttft[warm], tpot[warm]
