@@ -6,6 +6,7 @@ heterogeneous prefill/decode pairs) and ``calculator.estimate``; prints medians 
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import sys
@@ -27,15 +28,28 @@ def median_s(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main() -> None:
     w = pc.Workload(rate=12.0, isl=4000, osl=500)
     slo = pc.SLO(ttft_s=2.0, tpot_s=0.05, percentile=90)
     gpus = ["h100-sxm", "h200-sxm", "h20", "a100-sxm-80gb"]
-    plan_s = median_s(lambda: pc.plan("llama-3.1-70b", workload=w, slo=slo, gpus=gpus), 5)
+    p = pc.plan("llama-3.1-70b", workload=w, slo=slo, gpus=gpus)
+    plan_s = median_s(lambda: pc.plan("llama-3.1-70b", workload=w, slo=slo, gpus=gpus), 15)
+    all_s = median_s(lambda: pc.plan("llama-3.1-70b", workload=w, slo=slo), 5)
     est_s = median_s(lambda: pc.estimate("llama-3.1-70b", "h200-sxm", tp=4, isl=4000, osl=500), 50)
-    print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}")
-    print(f"plan (llama-3.1-70b, 4 GPU types, all modes): median {plan_s * 1e3:.0f} ms")
-    print(f"estimate (llama-3.1-70b on h200-sxm tp4):       median {est_s * 1e3:.2f} ms")
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cores, python {platform.python_version()}")
+    print(f"plan (llama-3.1-70b, 4 GPU types, all modes, {p.searched} configurations): median {plan_s * 1e3:.0f} ms")
+    print(f"plan (llama-3.1-70b, all {len(pc.list_gpus())} GPU types, all modes):            median {all_s * 1e3:.0f} ms")
+    print(f"estimate (llama-3.1-70b on h200-sxm tp4):                         median {est_s * 1e3:.2f} ms")
 
 
 if __name__ == "__main__":

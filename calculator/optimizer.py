@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Literal
 
 import numpy as np
@@ -20,17 +21,21 @@ from pydantic import BaseModel, ConfigDict, Field
 from hardware_db.loader import list_gpus, load_gpu, load_model
 from hardware_db.schema import KVDtype, ModelSpec, WeightDtype
 
-from .serving import analyse
-from .serving.base import Deployment, Mode, Pool, PoolModel, PrefillService, queue_wait, rate_grid
-from .serving.disaggregated import kv_transfer_s
+from .serving import analyse, chunked
+from .serving.base import Deployment, Mode, ModeArrays, Pool, PoolModel, PrefillService, queue_wait, rate_grid
+from .kv_cache import kv_cache_bytes
+from .serving.disaggregated import kv_move_s
 from .serving.workload import SLO, Workload
 
 Objective = Literal["gpus", "cost", "cost_per_token"]
 TPS = (1, 2, 4, 8)
 CHUNKS = (256, 512, 1024, 2048, 4096, 8192)
-MAX_GPU_TYPES = 16
+MAX_GPU_TYPES = 24
 MAX_INSTANCES = 4096
+MAX_PREFILL_INSTANCES = 512
+MAX_CANDIDATES = 40
 NODE_GPUS = 8
+PIPELINE_STAGES = (2, 4)
 
 
 class Candidate(BaseModel):
@@ -109,16 +114,22 @@ def _describe(c: Candidate) -> str:
     d = c.deployment
     if d.mode == "disaggregated":
         p, q = d.prefill, d.decode
-        return (f"disaggregated {p.instances}x {p.gpu} tp{p.tp} prefill + {q.instances}x {q.gpu} tp{q.tp} decode")  # type: ignore[union-attr]
+        return (f"disaggregated {p.instances}x {p.gpu} {_layout(p)} prefill + "  # type: ignore[arg-type, union-attr]
+                f"{q.instances}x {q.gpu} {_layout(q)} decode")  # type: ignore[arg-type, union-attr]
     p = d.pool
     extra = f", chunk {d.chunk_tokens}" if d.mode == "chunked" else ""
-    return f"{d.mode} {p.instances}x {p.gpu} tp{p.tp}{extra}"  # type: ignore[union-attr]
+    return f"{d.mode} {p.instances}x {p.gpu} {_layout(p)}{extra}"  # type: ignore[arg-type, union-attr]
+
+
+def _layout(p: Pool) -> str:
+    return f"tp{p.tp}" + (f" pp{p.pp}" if p.pp > 1 else "")
 
 
 @dataclass(frozen=True)
 class _Single:
     gpu: str
     tp: int
+    pp: int
     pm: PoolModel
 
 
@@ -129,38 +140,122 @@ def _nodes(pool: Pool) -> int:
     return math.ceil(pool.instances / (NODE_GPUS // per))
 
 
-def _capacity(model: ModelSpec, d: Deployment, w: Workload, slo: SLO, upper: float) -> tuple[float, int]:
-    rates = rate_grid(upper, 64)
-    a = analyse(model, d, w, rates, slo.p)
-    ok = a.meets(slo)
-    if not ok.any():
-        return 0.0, -1
-    i = int(np.flatnonzero(ok).max())
-    return float(rates[i]), i
+CAPACITY_GRID_POINTS = 64
 
 
-def _candidate(model: ModelSpec, d: Deployment, w: Workload, slo: SLO, capacity: float) -> Candidate | None:
-    a = analyse(model, d, w, np.array([w.rate]), slo.p)
-    if not bool(a.meets(slo)[0]):
-        return None
-    gpus = d.num_gpus
-    cost = sum(p.num_gpus * load_gpu(p.gpu).price_usd_per_hour for p in d.pools)
+def _largest_meeting(rates: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """Per row, the largest rate of the grid that meets the SLO (0 where none does)."""
+    ok = np.atleast_2d(ok)
+    last = ok.shape[-1] - 1 - np.argmax(ok[..., ::-1], axis=-1)
+    return np.where(ok.any(axis=-1), rates[last], 0.0)
+
+
+def _capacity(model: ModelSpec, d: Deployment, w: Workload, slo: SLO, upper: float,
+              pools: tuple[PoolModel, ...]) -> float:
+    rates = rate_grid(upper, CAPACITY_GRID_POINTS)
+    return float(_largest_meeting(rates, analyse(model, d, w, rates, slo.p, pools).meets(slo))[0])
+
+
+def _instances(rate: float, capacity: float) -> int:
+    """Identical instances under Poisson splitting: N = ceil(rate / per-instance capacity)."""
+    return math.ceil(rate / capacity - 1e-9) if capacity > 0 else MAX_INSTANCES + 1
+
+
+def _with_instances(pool: Pool, n: int, whole_nodes: bool) -> Pool:
+    """The pool at n instances; with ``whole_nodes``, as many instances as its whole 8-GPU nodes hold."""
+    per = pool.tp * pool.pp
+    if whole_nodes and per < NODE_GPUS:
+        n = math.ceil(n / (NODE_GPUS // per)) * (NODE_GPUS // per)
+    return pool.model_copy(update={"instances": n})
+
+
+def _candidate(model: ModelSpec, d: Deployment, w: Workload, slo: SLO, capacity: float,
+               pools: tuple[PoolModel, ...], whole_nodes: bool = False) -> Candidate | None:
+    """The deployment as a candidate if it meets the SLO at the workload's rate, else None."""
+    a = analyse(model, d, w, np.array([w.rate]), slo.p, pools)
+    return _candidate_from(d, a, 0, w, slo, capacity, pools, whole_nodes) if bool(a.meets(slo)[0]) else None
+
+
+def _candidate_from(d: Deployment, a: ModeArrays, i, w: Workload, slo: SLO, capacity: float,
+                    pools: tuple[PoolModel, ...], whole_nodes: bool) -> Candidate:
+    """A candidate from element ``i`` of the mode's arrays (computed at this deployment's rate per instance).
+
+    The decode pool's batch cap is set to the batch's p-quantile under Poisson spread, B + z sqrt(B),
+    within the KV limit: the ``max_num_seqs`` to configure.
+    """
+    ttft_p, tpot_p, tpot_mean = float(a.ttft_p_s[i]), float(a.tpot_p_s[i]), float(a.tpot_mean_s[i])
+    util, batch, busiest = float(a.utilisation[i]), float(a.batch[i]), str(a.binding[i])
+    z = NormalDist().inv_cdf(slo.p)
+    cap_pool = pools[-1]  # the pool that decodes
+    batch_cap = int(min(max(math.ceil(batch + z * math.sqrt(batch)), 1), max(math.floor(cap_pool.batch_limit(w)), 1),
+                        cap_pool.pool.max_batch))
+    if d.mode == "disaggregated":
+        d = d.model_copy(update={"decode": d.decode.model_copy(update={"max_batch": batch_cap})})  # type: ignore[union-attr]
+    else:
+        d = d.model_copy(update={"pool": d.pool.model_copy(update={"max_batch": batch_cap})})  # type: ignore[union-attr]
+    gpus = sum(_nodes(p) * NODE_GPUS for p in d.pools) if whole_nodes else d.num_gpus
+    cost = sum(pm.gpu.price_usd_per_hour * (_nodes(pool) * NODE_GPUS if whole_nodes else pool.num_gpus)
+               for pm, pool in zip(pools, d.pools))
     tokens_per_s = w.rate * w.osl.mean
     return Candidate(
         mode=d.mode, deployment=d, num_gpus=gpus, nodes=sum(_nodes(p) for p in d.pools), cost_per_hour=cost,
-        cost_per_million_tokens=cost / (tokens_per_s * 3600) * 1e6, ttft_p_s=float(a.ttft_p_s[0]),
-        tpot_p_s=float(a.tpot_p_s[0]), utilisation=float(a.utilisation[0]), capacity_rps=capacity,
-        binding=_binding(a, slo), output_tokens_per_s_per_gpu=tokens_per_s / gpus,
-        tokens_per_s_per_user=1.0 / float(a.tpot_mean_s[0]),
+        cost_per_million_tokens=cost / (tokens_per_s * 3600) * 1e6, ttft_p_s=ttft_p, tpot_p_s=tpot_p,
+        utilisation=util, capacity_rps=capacity, binding=_binding(ttft_p, tpot_p, util, busiest, slo),
+        output_tokens_per_s_per_gpu=tokens_per_s / gpus, tokens_per_s_per_user=1.0 / tpot_mean,
     )
 
 
-def _binding(a, slo: SLO) -> str:
+def _binding(ttft_p: float, tpot_p: float, util: float, busiest: str, slo: SLO) -> str:
     """The constraint closest to its limit: the TTFT or TPOT target, or the mode's busiest resource."""
-    shares = {"TTFT target": float(a.ttft_p_s[0]) / slo.ttft_s, "TPOT target": float(a.tpot_p_s[0]) / slo.tpot_s,
-              str(a.binding[0]): float(a.utilisation[0])}
+    shares = {"TTFT target": ttft_p / slo.ttft_s, "TPOT target": tpot_p / slo.tpot_s, busiest: util}
     name = max(shares, key=shares.get)  # type: ignore[arg-type]
-    return f"{name} ({shares[name]:.0%} used; {a.binding[0]} is the busiest resource)" if name != str(a.binding[0]) else name
+    return f"{name} ({shares[name]:.0%} used; {busiest} is the busiest resource)" if name != busiest else name
+
+
+ROUNDING_STEPS = (-1, 0, 1, 2)
+"""Instance counts tried around ceil(rate / capacity) (the capacity comes from a rate grid ~11%
+apart); the fewest that meets the SLO at the exact rate wins."""
+
+
+def _single_pool_candidates(m: ModelSpec, s: _Single, w: Workload, slo: SLO, modes: list[Mode], chunks: np.ndarray,
+                            whole_nodes: bool) -> tuple[list[Candidate], int]:
+    """Mixed and chunked candidates on one (GPU, tp, pp): capacity per instance on a rate grid (all
+    chunk budgets in one array), then the fewest instances that meet the SLO at the workload's rate
+    (all trial counts in one array: one instance at rate / N behaves as N instances at rate)."""
+    service = PrefillService.of(s.pm, w, slo.p)
+    rates = rate_grid(1.0 / service.mean_s, CAPACITY_GRID_POINTS)
+    one = s.pm.pool.model_copy(update={"instances": 1})
+    out: list[Candidate] = []
+    searched = 0
+    groups: list[tuple[list[Deployment], np.ndarray, object]] = []
+    if "mixed" in modes:
+        d = Deployment(mode="mixed", pool=one)
+        caps = np.array([_capacity(m, d, w, slo, 1.0 / service.mean_s, (s.pm,))])
+        groups.append(([d], caps, lambda r: analyse(m, d, w, r[0], slo.p, (s.pm,))))
+    if "chunked" in modes:
+        with np.errstate(all="ignore"):
+            caps = _largest_meeting(rates, chunked.analyse_budgets(s.pm, w, rates, slo.p, chunks, 1).meets(slo))
+        protos = [Deployment(mode="chunked", pool=one, chunk_tokens=int(c)) for c in chunks]
+        groups.append((protos, caps, lambda r: chunked.analyse_budgets(s.pm, w, r, slo.p, chunks, 1)))
+    for protos, caps, evaluate_at in groups:
+        searched += len(protos)
+        n = np.array([_instances(w.rate, c) for c in caps])
+        trial_n = np.maximum(n[:, None] + np.array(ROUNDING_STEPS)[None, :], 1)
+        if whole_nodes and one.tp * one.pp < NODE_GPUS:
+            per_node = NODE_GPUS // (one.tp * one.pp)
+            trial_n = np.ceil(trial_n / per_node) * per_node
+        with np.errstate(all="ignore"):
+            a = evaluate_at(w.rate / np.minimum(trial_n, MAX_INSTANCES))
+        ok = np.atleast_2d(a.meets(slo)) & (trial_n <= MAX_INSTANCES)
+        for row, d in enumerate(protos):
+            if not ok[row].any():
+                continue
+            col = int(np.argmax(ok[row]))
+            pool = one.model_copy(update={"instances": int(trial_n[row, col])})
+            idx = (row, col) if np.ndim(a.stable) == 2 else col
+            out.append(_candidate_from(d.model_copy(update={"pool": pool}), a, idx, w, slo,
+                                       float(caps[row]) * pool.instances, (s.pm,), whole_nodes))
+    return out, searched
 
 
 def plan(
@@ -175,14 +270,22 @@ def plan(
     weight_dtype: WeightDtype = "bf16",
     kv_dtype: KVDtype = "bf16",
     kv_link: Literal["scaleout", "scaleup"] = "scaleout",
+    whole_nodes: bool = False,
 ) -> Plan:
-    """Rank deployments that meet ``slo`` at ``workload.rate``; say why when none does."""
+    """Rank deployments that meet ``slo`` at ``workload.rate``; say why when none does.
+
+    ``whole_nodes`` bills every pool by whole 8-GPU nodes (and fills them with instances).
+    Pipeline stages (pp 2, 4) are tried only for GPU types on which the model does not fit at the
+    largest tp: in serving, pp only adds stage hand-offs when tp alone suffices.
+    """
     m = load_model(model) if isinstance(model, str) else model
     gpu_ids = list(gpus) if gpus is not None else list_gpus()
     if not gpu_ids:
         raise ValueError("gpus: give at least one GPU id")
     if len(gpu_ids) > MAX_GPU_TYPES:
         raise ValueError(f"gpus: at most {MAX_GPU_TYPES} GPU types per plan, got {len(gpu_ids)}")
+    if len(set(gpu_ids)) != len(gpu_ids):
+        raise ValueError("gpus: each GPU id at most once")
     for g in gpu_ids:
         load_gpu(g)  # unknown ids raise, naming the closest
     modes = list(modes) if modes is not None else ["mixed", "chunked", "disaggregated"]
@@ -190,42 +293,21 @@ def plan(
         raise ValueError("modes: choose from mixed, chunked, disaggregated")
     if objective not in ("gpus", "cost", "cost_per_token"):
         raise ValueError("objective: choose gpus, cost or cost_per_token")
-    if any(t not in (1, 2, 4, 8, 16) for t in tps):
+    if not tps or any(t not in (1, 2, 4, 8, 16) for t in tps):
         raise ValueError("tps: tensor-parallel degrees must be among 1, 2, 4, 8, 16")
+    if not chunk_sizes or any(not 64 <= c <= 65_536 for c in chunk_sizes):
+        raise ValueError("chunk_sizes: token budgets must lie in 64 ... 65536")
 
-    singles = []
-    for g in gpu_ids:
-        for tp in tps:
-            pool = Pool(gpu=g, tp=tp, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
-            pm = PoolModel.build(m, pool, workload)
-            if pm.fits:
-                singles.append(_Single(g, tp, pm))
+    singles = _singles(m, gpu_ids, tps, workload, weight_dtype, kv_dtype)
     cands: list[Candidate] = []
     searched = 0
+    chunks = np.asarray(sorted(set(chunk_sizes)), dtype=float)
     for s in singles:
-        service = PrefillService.of(s.pm, workload, slo.p)
-        upper = 1.0 / service.mean_s
-        configs: list[Deployment] = []
-        if "mixed" in modes:
-            configs.append(Deployment(mode="mixed", pool=s.pm.pool))
-        if "chunked" in modes:
-            configs += [Deployment(mode="chunked", pool=s.pm.pool, chunk_tokens=c) for c in chunk_sizes]
-        for d in configs:
-            searched += 1
-            cap, _ = _capacity(m, d, workload, slo, upper)
-            if cap <= 0:
-                continue
-            n = math.ceil(workload.rate / cap - 1e-9)
-            if n > MAX_INSTANCES:
-                continue
-            for extra in range(3):  # grid rounding: step up until the exact rate check passes
-                pool = d.pool.model_copy(update={"instances": n + extra})  # type: ignore[union-attr]
-                c = _candidate(m, d.model_copy(update={"pool": pool}), workload, slo, cap * (n + extra))
-                if c is not None:
-                    cands.append(c)
-                    break
+        found, n_searched = _single_pool_candidates(m, s, workload, slo, modes, chunks, whole_nodes)
+        cands += found
+        searched += n_searched
     if "disaggregated" in modes:
-        found, n_searched = _disaggregated(m, singles, workload, slo, kv_link)
+        found, n_searched = _disaggregated(m, singles, workload, slo, kv_link, whole_nodes, objective)
         cands += found
         searched += n_searched
 
@@ -239,7 +321,29 @@ def plan(
                     nearest_feasible_slo=nearest, searched=searched)
     ranked = _best_of_each_mode_first(cands)
     return Plan(model=m.id, workload=workload, slo=slo, objective=objective, feasible=True, best=cands[0],
-                candidates=tuple(ranked[:40]), pareto=pareto, searched=searched)
+                candidates=tuple(ranked[:MAX_CANDIDATES]), pareto=pareto, searched=searched)
+
+
+def _singles(m: ModelSpec, gpu_ids: list[str], tps: tuple[int, ...], w: Workload, weight_dtype: WeightDtype,
+             kv_dtype: KVDtype) -> list[_Single]:
+    """One PoolModel per (GPU, tp[, pp]) on which the model and one sequence's KV fit."""
+    out = []
+    for g in gpu_ids:
+        gpu = load_gpu(g)
+        for tp in sorted(set(tps)):
+            pm = PoolModel.build(m, Pool(gpu=g, tp=tp, weight_dtype=weight_dtype, kv_dtype=kv_dtype), w, gpu)
+            if pm.fits:
+                out.append(_Single(g, tp, 1, pm))
+        if not any(s.gpu == g for s in out):
+            for pp in PIPELINE_STAGES:
+                pool = Pool(gpu=g, tp=max(tps), pp=pp, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+                if pp > m.num_layers:
+                    break
+                pm = PoolModel.build(m, pool, w, gpu)
+                if pm.fits:
+                    out.append(_Single(g, max(tps), pp, pm))
+                    break
+    return out
 
 
 def _best_of_each_mode_first(cands: list[Candidate]) -> list[Candidate]:
@@ -252,44 +356,64 @@ def _best_of_each_mode_first(cands: list[Candidate]) -> list[Candidate]:
     return sorted(heads, key=cands.index) + rest
 
 
-def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, kv_link) -> tuple[list[Candidate], int]:
-    """Decode capacity per decode config, prefill instance count per (prefill config, pair's KV time)."""
-    decode_caps: list[tuple[_Single, float]] = []
+PARTNERS_PER_DECODE_POOL = 3
+"""Prefill pools kept per decode pool (the cheapest by the objective): the rest are dominated."""
+
+
+def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, kv_link, whole_nodes: bool,
+                   objective: Objective) -> tuple[list[Candidate], int]:
+    """xPyD candidates. The decode side needs the fewest instances whose TPOT meets the SLO at the
+    rate; the prefill side the fewest whose M/G/N wait + prefill + the pair's KV move meet the TTFT.
+    Both are found without the other, so every pair is sized in closed form; full candidates are
+    built for the cheapest prefill partners of each decode pool."""
+    relaxed = SLO(ttft_s=3600, tpot_s=slo.tpot_s, percentile=slo.percentile)
+    decode_side: list[tuple[_Single, Pool, float]] = []
     for s in singles:
-        d = Deployment(mode="disaggregated", prefill=s.pm.pool, decode=s.pm.pool, kv_link=kv_link)
-        relaxed = SLO(ttft_s=3600, tpot_s=slo.tpot_s, percentile=slo.percentile)
+        one = s.pm.pool.model_copy(update={"instances": 1})
+        d = Deployment(mode="disaggregated", prefill=one, decode=one, kv_link=kv_link)
         upper = s.pm.batch_limit(w) / (w.osl.mean * float(s.pm.decode_s(1, w.isl.mean)))
-        cap, _ = _capacity(m, d, w.model_copy(update={"rate": 1.0}), relaxed, upper)
-        if cap > 0:
-            decode_caps.append((s, cap))
-    services = {(s.gpu, s.tp): PrefillService.of(s.pm, w, slo.p) for s in singles}
-    out: list[Candidate] = []
+        cap = _capacity(m, d, w.model_copy(update={"rate": 1.0}), relaxed, upper, (s.pm, s.pm))
+        n_d = _instances(w.rate, cap)
+        if n_d > MAX_INSTANCES:
+            continue
+        trials = [_with_instances(one, n_d + e, whole_nodes) for e in ROUNDING_STEPS if n_d + e >= 1]
+        # one decode instance at rate / N is N instances at rate (the prefill side is ignored here)
+        a = analyse(m, d, w, np.array([w.rate / t.instances for t in trials]), slo.p, (s.pm, s.pm))
+        ok = a.stable & (a.tpot_p_s <= slo.tpot_s)
+        if ok.any():
+            decode_side.append((s, trials[int(np.argmax(ok))], cap))
+    price = {"gpus": lambda pm, n: float(n), "cost": lambda pm, n: pm.gpu.price_usd_per_hour * n,
+             "cost_per_token": lambda pm, n: pm.gpu.price_usd_per_hour * n}[objective]
+    pairs: list[tuple[float, int, _Single, Pool, _Single, Pool, float, float]] = []
+    kv_bytes = float(kv_cache_bytes(m, w.isl.mean, singles[0].pm.pool.kv_dtype, tp=1)) if singles else 0.0
     searched = 0
-    n = np.arange(1, 513)
+    n = np.arange(1, MAX_PREFILL_INSTANCES + 1)
     for p in singles:
-        service = services[(p.gpu, p.tp)]
+        service = PrefillService.of(p.pm, w, slo.p)
         if service.quantile_s >= slo.ttft_s:
             continue
-        for dec, cap in decode_caps:
+        _, wait_p = queue_wait(w.rate, service, n, slo.p)  # p-quantile wait for 1 ... N prefill instances
+        stable = w.rate * service.mean_s / n < 1
+        for j, (dec, dec_pool, cap) in enumerate(decode_side):
             searched += 1
-            proto = Deployment(mode="disaggregated", prefill=p.pm.pool, decode=dec.pm.pool, kv_link=kv_link)
-            t_kv = kv_transfer_s(m, proto, w, p.pm, dec.pm, service.mean_s)
-            _, wp = queue_wait(w.rate, service, n, slo.p)
-            ok = (wp + service.quantile_s + t_kv <= slo.ttft_s) & (w.rate * service.mean_s / n < 1)
+            t_kv = kv_move_s(m, kv_bytes, p.pm, dec.pm, kv_link, False, service.mean_s)
+            ok = (wait_p + service.quantile_s + t_kv <= slo.ttft_s) & stable
             if not ok.any():
                 continue
-            n_p = int(n[np.argmax(ok)])
-            n_d = math.ceil(w.rate / cap - 1e-9)
-            if n_d > MAX_INSTANCES:
-                continue
-            for extra in range(3):
-                d = proto.model_copy(update={
-                    "prefill": p.pm.pool.model_copy(update={"instances": n_p}),
-                    "decode": dec.pm.pool.model_copy(update={"instances": n_d + extra})})
-                c = _candidate(m, d, w, slo, min(cap * (n_d + extra), n_p / service.mean_s))
-                if c is not None:
-                    out.append(c)
-                    break
+            pre_pool = _with_instances(p.pm.pool, int(n[np.argmax(ok)]), whole_nodes)
+            key = price(p.pm, pre_pool.num_gpus) + price(dec.pm, dec_pool.num_gpus)
+            capacity = min(cap * dec_pool.instances, pre_pool.instances / service.mean_s)
+            pairs.append((key, j, p, pre_pool, dec, dec_pool, capacity, t_kv))
+    out: list[Candidate] = []
+    kept: dict[int, int] = {}
+    for _, j, p, pre_pool, dec, dec_pool, capacity, _t_kv in sorted(pairs, key=lambda x: x[0]):
+        if kept.get(j, 0) >= PARTNERS_PER_DECODE_POOL:
+            continue
+        d = Deployment(mode="disaggregated", prefill=pre_pool, decode=dec_pool, kv_link=kv_link)
+        c = _candidate(m, d, w, slo, capacity, (p.pm, dec.pm), whole_nodes)
+        if c is not None:
+            out.append(c)
+            kept[j] = kept.get(j, 0) + 1
     return out, searched
 
 
@@ -317,7 +441,7 @@ def _infeasible(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, gpu
                   percentile=slo.percentile)
     if slo.tpot_s < tpot_floor:
         return (f"TPOT {slo.tpot_s:g} s is below the batch-1 decode floor of {tpot_floor:.4f} s for {m.id} on "
-                f"{fs.gpu} at tp={fs.tp}"), nearest
+                f"{fs.gpu} at tp={fs.tp}" + (f" pp={fs.pp}" if fs.pp > 1 else "")), nearest
     if slo.ttft_s < ttft_floor:
         return (f"TTFT {slo.ttft_s:g} s is below the unloaded prefill time of {ttft_floor:.4f} s for {m.id} on "
                 f"{ts.gpu} at tp={ts.tp} (p{slo.percentile:g} prompt)"), nearest

@@ -94,3 +94,58 @@ def simulate_disaggregated(pre: PoolModel, dec: PoolModel, n_prefill: int, rate_
     tpot = (done - first_dec) / max(osl - 1, 1)
     warm = slice(n // 10, None)
     return ttft[warm], tpot[warm]
+
+
+def simulate_chunked(pm: PoolModel, rate: float, isl: int, osl: int, chunk: int, n: int = 2000, seed: int = 0):
+    """One instance, Sarathi-style hybrid iterations: every running decode plus up to chunk - B prompt
+    tokens taken FIFO from waiting prompts (a prompt may span iterations, an iteration several prompts).
+    A prompt's last chunk emits its first token; the request then decodes osl - 1 more tokens."""
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1 / rate, n))
+    ctx = isl + (osl + 1) / 2
+    step_cache: dict[tuple[int, int, int], float] = {}
+
+    def step(b: int, tokens: int, prefix: int) -> float:
+        key = (b, 8 * round(tokens / 8), 128 * round(prefix / 128))
+        if key not in step_cache:
+            step_cache[key] = float(pm.hybrid_s(b, ctx, key[1], key[2]))
+        return step_cache[key]
+
+    t, i = 0.0, 0
+    waiting: list[list[int]] = []  # [request, prompt tokens already prefilled]
+    running: dict[int, int] = {}
+    first, done = np.full(n, np.nan), np.full(n, np.nan)
+    while i < n or waiting or running:
+        while i < n and arrivals[i] <= t:
+            waiting.append([i, 0])
+            i += 1
+        if not waiting and not running:
+            t = arrivals[i]
+            continue
+        budget = max(chunk - len(running), 0)
+        taken, finished, prefix = 0, [], waiting[0][1] if waiting else 0
+        for entry in waiting:
+            if taken >= budget:
+                break
+            take = min(isl - entry[1], budget - taken)
+            entry[1] += take
+            taken += take
+            if entry[1] >= isl:
+                finished.append(entry)
+        t += step(len(running), taken, prefix)
+        for r in list(running):
+            running[r] -= 1
+            if running[r] <= 0:
+                done[r] = t
+                del running[r]
+        for entry in finished:
+            waiting.remove(entry)
+            first[entry[0]] = t
+            if osl > 1:
+                running[entry[0]] = osl - 1
+            else:
+                done[entry[0]] = t
+    ttft = first - arrivals
+    tpot = (done - first) / max(osl - 1, 1)
+    warm = slice(n // 10, None)
+    return ttft[warm], tpot[warm]

@@ -2,7 +2,9 @@
 
 import numpy as np
 import pytest
-from des import simulate_disaggregated, simulate_mixed
+from des import simulate_chunked, simulate_disaggregated, simulate_mixed
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import calculator as pc
 from calculator.serving import analyse
@@ -44,6 +46,31 @@ def test_disaggregated_matches_simulation(rate, n_prefill):
     _close(a.ttft_p_s[0], np.percentile(ttft, 90))
     _close(a.tpot_mean_s[0], tpot.mean())
     _close(a.tpot_p_s[0], np.percentile(tpot, 90))
+
+
+@pytest.mark.parametrize("rate, chunk", [(2.0, 512), (5.0, 1024), (8.0, 2048)])
+def test_chunked_matches_simulation(rate, chunk):
+    w = pc.Workload(rate=rate, isl=2000, osl=200)
+    d = pc.Deployment(mode="chunked", pool=pc.Pool(gpu="h100-sxm", tp=1), chunk_tokens=chunk)
+    pm = PoolModel.build(MODEL, d.pool, w)
+    a = analyse(MODEL, d, w, np.array([rate]), 0.9)
+    assert a.stable[0] and a.utilisation[0] <= 0.8
+    ttft, tpot = simulate_chunked(pm, rate, 2000, 200, chunk)
+    _close(a.ttft_mean_s[0], ttft.mean())
+    _close(a.ttft_p_s[0], np.percentile(ttft, 90))
+    _close(a.tpot_mean_s[0], tpot.mean())
+    _close(a.tpot_p_s[0], np.percentile(tpot, 90))
+
+
+def test_chunking_shrinks_the_decode_stall_of_a_long_prompt():
+    # same pool and load: piggybacking prompt chunks on decode iterations costs decodes less than
+    # whole-prompt prefills that stall them (S - k t_d < S_prefill)
+    w = pc.Workload(rate=1.0, isl=8000, osl=300)
+    pool = pc.Pool(gpu="h100-sxm", tp=1)
+    mixed = pc.evaluate("llama-3.1-8b", pc.Deployment(mode="mixed", pool=pool), w)
+    chunked = pc.evaluate("llama-3.1-8b", pc.Deployment(mode="chunked", pool=pool, chunk_tokens=1024), w)
+    assert chunked.tpot_mean_s < mixed.tpot_mean_s
+    assert chunked.ttft_mean_s > mixed.ttft_mean_s  # the prompt now takes 8 iterations instead of one step
 
 
 def test_overload_is_reported_unstable():
@@ -128,3 +155,84 @@ def test_length_distributions():
     vals, w = pair.points()
     assert np.sum(vals * w) == pytest.approx(4000, rel=0.05)
     assert samples.mean == 250 and samples.quantile(0.5) == 250
+
+
+_plan_inputs = st.fixed_dictionaries({
+    "rate": st.floats(0.2, 30.0),
+    "isl": st.integers(128, 8000),
+    "osl": st.integers(16, 1000),
+    "ttft": st.floats(0.3, 5.0),
+    "tpot": st.floats(0.01, 0.2),
+})
+
+
+def _quick_plan(x, gpus=("h100-sxm",), **kw):
+    w = pc.Workload(rate=x["rate"], isl=x["isl"], osl=x["osl"])
+    return pc.plan("llama-3.1-8b", workload=w, slo=pc.SLO(ttft_s=x["ttft"], tpot_s=x["tpot"]), gpus=list(gpus),
+                   tps=(1, 2), chunk_sizes=(512, 2048), **kw)
+
+
+@settings(max_examples=25, deadline=None)
+@given(_plan_inputs)
+def test_doubling_the_rate_never_lowers_the_gpu_count(x):
+    a = _quick_plan(x)
+    b = _quick_plan({**x, "rate": 2 * x["rate"]})
+    if a.feasible and b.feasible:
+        assert b.best.num_gpus >= a.best.num_gpus
+    if not a.feasible:
+        assert not b.feasible
+
+
+@settings(max_examples=25, deadline=None)
+@given(_plan_inputs, st.floats(1.0, 3.0))
+def test_a_looser_slo_or_more_gpu_types_never_make_a_plan_worse(x, looser):
+    a = _quick_plan(x)
+    loose = _quick_plan({**x, "ttft": x["ttft"] * looser, "tpot": x["tpot"] * looser})
+    more = _quick_plan(x, gpus=("h100-sxm", "h20"))
+    if a.feasible:
+        assert loose.feasible and loose.best.num_gpus <= a.best.num_gpus
+        assert more.feasible and more.best.num_gpus <= a.best.num_gpus
+
+
+def test_whole_nodes_bill_eight_gpu_nodes_and_fill_them():
+    w = pc.Workload(rate=3.0, isl=1000, osl=200)
+    slo = pc.SLO(ttft_s=2.0, tpot_s=0.05)
+    loose = pc.plan("llama-3.1-8b", workload=w, slo=slo, gpus=["h100-sxm"], modes=["mixed"])
+    nodes = pc.plan("llama-3.1-8b", workload=w, slo=slo, gpus=["h100-sxm"], modes=["mixed"], whole_nodes=True)
+    assert nodes.best.num_gpus % 8 == 0 and nodes.best.num_gpus >= loose.best.num_gpus
+    pool = nodes.best.deployment.pool
+    assert pool.num_gpus == nodes.best.num_gpus  # the node is filled with instances, not left idle
+    assert nodes.best.cost_per_hour == pytest.approx(nodes.best.num_gpus * pc.load_gpu("h100-sxm").price_usd_per_hour)
+
+
+def test_best_deployment_re_evaluates_to_the_plan_figures():
+    w = pc.Workload(rate=12.0, isl=4000, osl=500)
+    slo = pc.SLO(ttft_s=2.0, tpot_s=0.05)
+    p = pc.plan("llama-3.1-70b", workload=w, slo=slo, gpus=["h100-sxm", "h200-sxm", "h20"])
+    for c in p.candidates[:6]:
+        r = pc.evaluate("llama-3.1-70b", c.deployment, w, slo)
+        assert r.stable
+        assert r.ttft_s(90) == pytest.approx(c.ttft_p_s, rel=0.02)
+        assert r.tpot_s(90) == pytest.approx(c.tpot_p_s, rel=0.02)
+        assert r.ttft_s(90) <= slo.ttft_s * 1.02 and r.tpot_s(90) <= slo.tpot_s * 1.02
+        # the batch cap recommended for the decode pool holds the Little's-law batch
+        assert c.deployment.pools[-1].max_batch >= r.decode_batch
+
+
+def test_heterogeneous_pairs_are_searched():
+    w = pc.Workload(rate=20.0, isl=6000, osl=400)
+    p = pc.plan("llama-3.1-70b", workload=w, slo=pc.SLO(ttft_s=2.0, tpot_s=0.04), gpus=["h100-sxm", "h20"],
+                modes=["disaggregated"], weight_dtype="fp8", kv_dtype="fp8")
+    assert p.feasible
+    pairs = {(c.deployment.prefill.gpu, c.deployment.decode.gpu) for c in p.candidates}
+    assert any(a != b for a, b in pairs)
+
+
+@pytest.mark.parametrize("model", pc.list_models())
+def test_plan_works_for_every_catalog_model(model):
+    w = pc.Workload(rate=4.0, isl=2000, osl=300)
+    p = pc.plan(model, workload=w, slo=pc.SLO(ttft_s=3.0, tpot_s=0.1), gpus=["h200-sxm", "b200", "mi355x"],
+                weight_dtype="fp8", kv_dtype="fp8")
+    assert p.feasible, p.reason
+    assert p.best.num_gpus >= 1 and p.best.ttft_p_s <= 3.0 and p.best.tpot_p_s <= 0.1
+    assert p.explain().startswith("Best:")

@@ -20,16 +20,19 @@ ANALYSERS = {"mixed": mixed.analyse, "chunked": chunked.analyse, "disaggregated"
 __all__ = ["SLO", "Deployment", "Evaluation", "Length", "Pool", "Workload", "analyse", "evaluate"]
 
 
-def analyse(model: ModelSpec, d: Deployment, w: Workload, rates, p: float) -> ModeArrays:
+def analyse(model: ModelSpec, d: Deployment, w: Workload, rates, p: float,
+            pools: tuple[PoolModel, ...] | None = None) -> ModeArrays:
+    """The mode's statistics at each arrival rate in ``rates`` for the SLO percentile ``p`` (0-1).
+
+    ``pools`` are the deployment's PoolModels when the caller already built them (their step-time
+    tables are cached on them, so a search reuses them across calls).
+    """
     with np.errstate(all="ignore"):
-        return _analyse(model, d, w, rates, p)
-
-
-def _analyse(model: ModelSpec, d: Deployment, w: Workload, rates, p: float) -> ModeArrays:
-    if d.mode == "disaggregated":
-        pools = (PoolModel.build(model, d.prefill, w), PoolModel.build(model, d.decode, w))  # type: ignore[arg-type]
-        return disaggregated.analyse(model, d, w, rates, p, pools)
-    return ANALYSERS[d.mode](model, d, w, rates, p)
+        if pools is None:
+            pools = tuple(PoolModel.build(model, pool, w) for pool in d.pools)
+        if d.mode == "disaggregated":
+            return disaggregated.analyse(model, d, w, rates, p, pools)  # type: ignore[arg-type]
+        return ANALYSERS[d.mode](model, d, w, rates, p, pools[0])
 
 
 def evaluate(model: ModelSpec | str, deployment: Deployment, workload: Workload, slo: SLO | None = None) -> Evaluation:
@@ -42,10 +45,10 @@ def evaluate(model: ModelSpec | str, deployment: Deployment, workload: Workload,
                           tpot_mean_s=None, kv_transfer_s=None, decode_batch=None, goodput_rps=0.0,
                           num_gpus=deployment.num_gpus)
     rate = np.array([workload.rate])
-    by_p = {pc: analyse(m, deployment, workload, rate, pc / 100) for pc in PERCENTILES}
+    by_p = {pc: analyse(m, deployment, workload, rate, pc / 100, tuple(pools)) for pc in PERCENTILES}
     base = by_p[90]
     stable = bool(base.stable[0])
-    goodput = _goodput(m, deployment, workload, slo) if slo is not None else None
+    goodput = _goodput(m, deployment, workload, slo, tuple(pools)) if slo is not None else None
     reason = None if stable else (
         f"overloaded at {workload.rate:g} req/s: utilisation {float(base.utilisation[0]):.2f} of the "
         f"{str(base.binding[0])} (>= 1 or the KV cache cannot hold the decode batch)")
@@ -62,12 +65,12 @@ def evaluate(model: ModelSpec | str, deployment: Deployment, workload: Workload,
     )
 
 
-def _goodput(m: ModelSpec, d: Deployment, w: Workload, slo: SLO) -> float:
+def _goodput(m: ModelSpec, d: Deployment, w: Workload, slo: SLO, pools: tuple[PoolModel, ...]) -> float:
     """Largest rate on a fine geometric grid at which the SLO holds at its percentile."""
     upper = 4 * max(w.rate, 1e-3)
     for _ in range(8):  # widen until the grid reaches a rate that fails
         rates = rate_grid(upper)
-        ok = analyse(m, d, w, rates, slo.p).meets(slo)
+        ok = analyse(m, d, w, rates, slo.p, pools).meets(slo)
         if not ok[-1]:
             break
         upper *= 8

@@ -9,7 +9,7 @@ read those arrays. All step times come from ``calculator.phases`` (the same roof
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Literal
 
@@ -80,9 +80,26 @@ class Deployment(BaseModel):
         return sum(p.num_gpus for p in self.pools)
 
 
+TABLE_POINTS = 128
+"""Points of a tabulated step-time curve (geometric in the batch, ~5% apart up to a batch of 512)."""
+TABLE_MIN_BATCH = 0.5
+"""Below one sequence a step costs what one sequence costs, so the grid need not go lower."""
+
+
+def batch_grid(limit: float) -> np.ndarray:
+    """Geometric batch grid from 0.5 to ``limit + 1`` (one past the cap, for marginal costs)."""
+    return np.geomspace(TABLE_MIN_BATCH, max(float(limit), 1.0) + 1.0, TABLE_POINTS)
+
+
 @dataclass(frozen=True)
 class PoolModel:
-    """Step-time functions of one instance of a pool for one model (vectorised over numpy arrays)."""
+    """Step-time functions of one instance of a pool for one model (vectorised over numpy arrays).
+
+    The serving modes read step times through tables over the decode batch (built once per pool,
+    context and chunk budget from ``calculator.phases``): a roofline step time is piecewise linear
+    in the batch, so linear interpolation on a fine geometric grid reproduces it, and the fixed
+    points of Little's law become a vectorised root search instead of an iteration.
+    """
 
     setup: Setup
     pool: Pool
@@ -90,6 +107,7 @@ class PoolModel:
     kv_capacity_tokens: float  # KV tokens one instance can hold
     fits: bool
     reason: str | None
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, model: ModelSpec, pool: Pool, workload: Workload, gpu: GPUSpec | None = None) -> PoolModel:
@@ -124,6 +142,111 @@ class PoolModel:
         mean_resident = workload.isl.mean + workload.osl.mean / 2
         return float(min(self.pool.max_batch, self.kv_capacity_tokens / mean_resident))
 
+    def decode_table(self, context: float, limit: float) -> tuple[np.ndarray, np.ndarray]:
+        """(batch grid, decode step time s) at a mean context, up to ``limit + 1`` sequences."""
+        key = ("decode", float(context), float(limit))
+        if key not in self._cache:
+            grid = batch_grid(limit)
+            self._cache[key] = (grid, np.asarray(self.decode_s(grid, context), dtype=float))
+        return self._cache[key]
+
+    def chunked_tables(self, context: float, grid_limit: float, limits: np.ndarray, chunks: np.ndarray,
+                       prompts_new: tuple[float, ...], prompt_cached: float) -> dict[str, np.ndarray]:
+        """Sarathi iteration times per chunk budget C (rows) over a batch grid (columns), seconds.
+
+        With B decodes running, a prompt of n new tokens is cut into k = ceil(n / (C - B)) chunks:
+        k - 1 full iterations t(B, C - B) and one with the remainder. The chunks re-read the KV
+        their earlier chunks wrote (mean prefix: cached + (n - C) / 2 for full chunks, cached +
+        (k - 1)(C - B) for the last). Tables: ``full`` and ``decode_only`` iteration times, and per
+        prompt size n (in the order given) ``prefill_<i>`` (all k iterations, s) and ``iters_<i>`` (k).
+        Rows are cached per budget, so a search over budgets builds each once.
+        """
+        grid = batch_grid(grid_limit)
+        keys = [("chunked", float(context), float(grid_limit), float(lim), float(c), prompts_new, prompt_cached)
+                for lim, c in zip(limits.tolist(), chunks.tolist())]
+        missing = [i for i, k in enumerate(keys) if k not in self._cache]
+        if missing:
+            C = chunks[missing][:, None]
+            B = np.minimum(grid[None, :], limits[missing][:, None])
+            room = np.maximum(C - B, 1.0)
+            rows: dict[str, np.ndarray] = {}
+            n_chunks = []
+            for i, n in enumerate(prompts_new):
+                k = np.maximum(np.ceil(n / room), 1.0)
+                n_chunks.append(k)
+                rows[f"iters_{i}"] = k
+            # one vectorised call: full, decode-only and each prompt's last chunk, stacked on a new axis
+            prefix_full = prompt_cached + np.maximum(0.0, prompts_new[0] - C) / 2
+            tokens = [np.minimum(room, C), np.zeros_like(B)]
+            prefixes = [prefix_full + 0 * B, prompt_cached + 0 * B]
+            for n, k in zip(prompts_new, n_chunks):
+                tokens.append(n - (k - 1) * room)
+                prefixes.append(prompt_cached + (k - 1) * room)
+            times = np.asarray(self.hybrid_s(B[None], context, np.stack(tokens), np.stack(prefixes)), dtype=float)
+            rows["full"], rows["decode_only"] = times[0], times[1]
+            for i, k in enumerate(n_chunks):
+                rows[f"prefill_{i}"] = (k - 1) * times[0] + times[2 + i]
+            for j, i in enumerate(missing):
+                self._cache[keys[i]] = {name: np.broadcast_to(r, B.shape)[j] for name, r in rows.items()}
+        names = self._cache[keys[0]].keys()
+        return {"grid": grid, **{name: np.stack([self._cache[k][name] for k in keys]) for name in names}}
+
+
+class GridLookup:
+    """Piecewise-linear lookup of tables (rows x grid) at points ``x`` (rows x n): the bracketing
+    grid cells are found once and reused for every table read at the same points; inf stays inf."""
+
+    def __init__(self, grid: np.ndarray, x: np.ndarray) -> None:
+        x = np.atleast_2d(np.asarray(x, dtype=float))
+        finite = np.isfinite(x)
+        xc = np.clip(np.where(finite, x, grid[0]), grid[0], grid[-1])
+        hi = np.clip(np.searchsorted(grid, xc), 1, grid.size - 1)
+        self._lo, self._hi = hi - 1, hi
+        self._frac = (xc - grid[hi - 1]) / (grid[hi] - grid[hi - 1])
+        self._finite = finite
+
+    def __call__(self, table: np.ndarray) -> np.ndarray:
+        table = np.atleast_2d(table)
+        rows = np.broadcast_to(np.arange(table.shape[0])[:, None], self._lo.shape) if table.shape[0] > 1 else 0
+        lo, hi = table[rows, self._lo], table[rows, self._hi]
+        return np.where(self._finite, lo + (hi - lo) * self._frac, np.inf)
+
+
+def interp_rows(grid: np.ndarray, table: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Piecewise-linear lookup of ``table`` (rows x grid) at ``x`` (rows x n); inf stays inf."""
+    return GridLookup(grid, x)(table)
+
+
+def first_root(grid: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """Least B on the grid's piecewise-linear interpolation where g(B) = B - F(B) turns >= 0.
+
+    ``g`` is (..., grid): g at every grid point. Returns (...): the root, inf where g stays
+    negative over the whole grid (the batch would outgrow it: unstable), and F(grid[0]) where g is
+    already >= 0 at the first point (the root lies below it, where F is flat).
+    """
+    g = np.where(np.isnan(g), -np.inf, g)
+    cross = g >= 0
+    found = cross.any(axis=-1)
+    i = np.argmax(cross, axis=-1)
+    lo = np.maximum(i - 1, 0)
+    g_lo = np.take_along_axis(g, lo[..., None], -1)[..., 0]
+    g_hi = np.take_along_axis(g, i[..., None], -1)[..., 0]
+    b_lo, b_hi = grid[lo], grid[i]
+    with np.errstate(invalid="ignore"):
+        inside = b_lo + (b_hi - b_lo) * (-g_lo) / np.where(g_hi > g_lo, g_hi - g_lo, 1.0)
+    below = grid[0] - g[..., 0]
+    return np.where(found, np.where(i == 0, below, inside), np.inf)
+
+
+def least_fixed_point(grid: np.ndarray, table: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Least B >= 0 with B = k * T(B), T the piecewise-linear curve through (grid, table row).
+
+    ``table`` is rows x grid, ``k`` rows x n (or n); returns rows x n (see ``first_root``).
+    """
+    table = np.atleast_2d(table)
+    k = np.atleast_2d(np.asarray(k, dtype=float))
+    return first_root(grid, grid[None, None, :] - k[..., None] * table[:, None, :])
+
 
 @dataclass(frozen=True)
 class PrefillService:
@@ -139,6 +262,13 @@ class PrefillService:
 
     @classmethod
     def of(cls, pm: PoolModel, workload: Workload, p: float) -> PrefillService:
+        key = ("prefill", float(p), workload.isl, workload.prefix_hit)
+        if key not in pm._cache:
+            pm._cache[key] = cls._compute(pm, workload, p)
+        return pm._cache[key]
+
+    @classmethod
+    def _compute(cls, pm: PoolModel, workload: Workload, p: float) -> PrefillService:
         vals, w = workload.isl.points()
         cached = np.round(vals * workload.prefix_hit)
         t = pm.prefill_s(vals - cached, cached)
@@ -162,25 +292,27 @@ def queue_wait(rate, service: PrefillService, servers, p: float) -> tuple[np.nda
     return wq, wp
 
 
-def decode_fixed_point(step_s, rate, osl_mean: float, inflation, limit: float) -> tuple[np.ndarray, np.ndarray]:
-    """Solve B = rate * osl * TPOT(B), TPOT(B) = step_s(B) * inflation (Little's law), from below.
+def decode_fixed_point(pm: PoolModel, context: float, rate, osl_mean: float, inflation, limit: float
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Solve B = rate * osl * TPOT(B), TPOT(B) = t_d(B) * inflation (Little's law): the least root.
 
-    The step time is convex and increasing in B, so the iteration rises monotonically to the least
-    fixed point when one exists; it is declared unstable when B passes ``limit``.
+    Returns (B, TPOT); TPOT is inf where B would pass ``limit`` (KV memory or the batch cap) or no
+    root exists (the decode cannot keep up: unstable).
     """
     rate = np.asarray(rate, dtype=float)
-    b = np.ones_like(rate)
-    for _ in range(FIXED_POINT_ITERATIONS):
-        tpot = step_s(np.minimum(b, limit)) * inflation
-        b_new = np.asarray(f.littles_law_batch({"lambda": rate, "n_out": osl_mean, "TPOT": tpot}), dtype=float)
-        if np.allclose(b_new, b, rtol=1e-6, atol=1e-9):
-            b = b_new
-            break
-        b = b_new
-    tpot = step_s(np.minimum(b, limit)) * inflation
-    converged = np.isclose(f.littles_law_batch({"lambda": rate, "n_out": osl_mean, "TPOT": tpot}), b, rtol=1e-3)
-    stable = converged & (b <= limit)
-    return b, np.where(stable, tpot, np.inf)
+    grid, table = pm.decode_table(context, limit)
+    k = np.asarray(f.littles_law_batch({"lambda": rate, "n_out": osl_mean, "TPOT": inflation}), dtype=float)
+    batch = least_fixed_point(grid, table, np.broadcast_to(k, rate.shape).reshape(-1))[0].reshape(rate.shape)
+    t_d = interp_rows(grid, table, np.minimum(batch, limit).reshape(-1))[0].reshape(rate.shape)
+    stable = np.isfinite(batch) & (batch <= limit)
+    return batch, np.where(stable, t_d * inflation, np.inf)
+
+
+def decode_step_at(pm: PoolModel, context: float, limit: float, batch) -> np.ndarray:
+    """Tabulated decode step time at (possibly fractional) batch sizes, seconds."""
+    grid, table = pm.decode_table(context, limit)
+    b = np.asarray(batch, dtype=float)
+    return interp_rows(grid, table, b.reshape(-1))[0].reshape(b.shape)
 
 
 @dataclass(frozen=True)

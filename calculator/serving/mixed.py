@@ -16,7 +16,9 @@ import numpy as np
 from hardware_db.schema import ModelSpec
 
 from .. import formulas as f
-from .base import Deployment, ModeArrays, PoolModel, PrefillService, decode_fixed_point, queue_wait, z_score
+from .base import (
+    Deployment, ModeArrays, PoolModel, PrefillService, decode_fixed_point, decode_step_at, queue_wait, z_score,
+)
 from .workload import Workload
 
 
@@ -30,7 +32,7 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float, 
     ctx = w.isl.mean + (w.osl.mean + 1) / 2
     limit = pm.batch_limit(w)
     inflation = np.where(rho_p < 1, 1.0 / np.maximum(1e-12, 1 - rho_p), np.inf)
-    batch, tpot = decode_fixed_point(lambda b: pm.decode_s(b, ctx), lam, w.osl.mean, inflation, limit)
+    batch, tpot = decode_fixed_point(pm, ctx, lam, w.osl.mean, inflation, limit)
     t_d = tpot * (1 - rho_p)
     wq, wp = queue_wait(lam, sp_, 1, p)
     residual = (1 - rho_p) * t_d / 2
@@ -38,11 +40,14 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float, 
     ttft_p = wp + residual + sp_.quantile_s
     stalls = lam * w.osl.mean * tpot
     tpot_p = t_d + sp_.mean_s * (stalls + z_score(p) * np.sqrt(stalls)) / w.osl.mean
-    marginal = pm.decode_s(np.minimum(batch, limit) + 1, ctx) - pm.decode_s(np.minimum(batch, limit), ctx)
+    b_cap = np.minimum(batch, limit)
+    marginal = decode_step_at(pm, ctx, limit, b_cap + 1) - decode_step_at(pm, ctx, limit, b_cap)
     util = rho_p + lam * w.osl.mean * marginal
     stable = np.isfinite(tpot) & (rho_p < 1) & (util < 1)
     binding = np.where(rho_p > 0.5 * util, "prefill interference", np.where(batch >= limit, "KV memory", "decode"))
-    return ModeArrays(stable, util, ttft_mean, ttft_p, tpot, tpot_p, batch, np.zeros_like(lam), binding)
+    inf = np.inf
+    return ModeArrays(stable, util, np.where(stable, ttft_mean, inf), np.where(stable, ttft_p, inf),
+                      np.where(stable, tpot, inf), np.where(stable, tpot_p, inf), batch, np.zeros_like(lam), binding)
 
 
 def tpot_formula() -> str:
