@@ -19,11 +19,11 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from hardware_db.loader import list_gpus, load_gpu, load_model
-from hardware_db.schema import KVDtype, ModelSpec, WeightDtype
+from hardware_db.schema import GPUSpec, KVDtype, ModelSpec, WeightDtype
 
+from .kv_cache import kv_cache_bytes
 from .serving import analyse, chunked
 from .serving.base import Deployment, Mode, ModeArrays, Pool, PoolModel, PrefillService, queue_wait, rate_grid
-from .kv_cache import kv_cache_bytes
 from .serving.disaggregated import kv_move_s
 from .serving.workload import SLO, Workload
 
@@ -262,7 +262,7 @@ def plan(
     model: ModelSpec | str,
     workload: Workload,
     slo: SLO,
-    gpus: list[str] | None = None,
+    gpus: list[str | GPUSpec] | None = None,
     modes: list[Mode] | None = None,
     objective: Objective = "gpus",
     tps: tuple[int, ...] = TPS,
@@ -274,20 +274,22 @@ def plan(
 ) -> Plan:
     """Rank deployments that meet ``slo`` at ``workload.rate``; say why when none does.
 
-    ``whole_nodes`` bills every pool by whole 8-GPU nodes (and fills them with instances).
+    ``gpus`` are database ids or inline ``GPUSpec`` records (a custom GPU; it wins over a database
+    entry with the same id). ``whole_nodes`` bills every pool by whole 8-GPU nodes (and fills them
+    with instances).
     Pipeline stages (pp 2, 4) are tried only for GPU types on which the model does not fit at the
     largest tp: in serving, pp only adds stage hand-offs when tp alone suffices.
     """
     m = load_model(model) if isinstance(model, str) else model
-    gpu_ids = list(gpus) if gpus is not None else list_gpus()
-    if not gpu_ids:
+    wanted = list(gpus) if gpus is not None else list_gpus()
+    if not wanted:
         raise ValueError("gpus: give at least one GPU id")
-    if len(gpu_ids) > MAX_GPU_TYPES:
-        raise ValueError(f"gpus: at most {MAX_GPU_TYPES} GPU types per plan, got {len(gpu_ids)}")
+    if len(wanted) > MAX_GPU_TYPES:
+        raise ValueError(f"gpus: at most {MAX_GPU_TYPES} GPU types per plan, got {len(wanted)}")
+    specs = [load_gpu(g) if isinstance(g, str) else g for g in wanted]  # unknown ids raise, naming the closest
+    gpu_ids = [g.id for g in specs]
     if len(set(gpu_ids)) != len(gpu_ids):
         raise ValueError("gpus: each GPU id at most once")
-    for g in gpu_ids:
-        load_gpu(g)  # unknown ids raise, naming the closest
     modes = list(modes) if modes is not None else ["mixed", "chunked", "disaggregated"]
     if not modes or any(x not in ("mixed", "chunked", "disaggregated") for x in modes):
         raise ValueError("modes: choose from mixed, chunked, disaggregated")
@@ -298,7 +300,7 @@ def plan(
     if not chunk_sizes or any(not 64 <= c <= 65_536 for c in chunk_sizes):
         raise ValueError("chunk_sizes: token budgets must lie in 64 ... 65536")
 
-    singles = _singles(m, gpu_ids, tps, workload, weight_dtype, kv_dtype)
+    singles = _singles(m, specs, tps, workload, weight_dtype, kv_dtype)
     cands: list[Candidate] = []
     searched = 0
     chunks = np.asarray(sorted(set(chunk_sizes)), dtype=float)
@@ -324,12 +326,12 @@ def plan(
                 candidates=tuple(ranked[:MAX_CANDIDATES]), pareto=pareto, searched=searched)
 
 
-def _singles(m: ModelSpec, gpu_ids: list[str], tps: tuple[int, ...], w: Workload, weight_dtype: WeightDtype,
+def _singles(m: ModelSpec, specs: list[GPUSpec], tps: tuple[int, ...], w: Workload, weight_dtype: WeightDtype,
              kv_dtype: KVDtype) -> list[_Single]:
     """One PoolModel per (GPU, tp[, pp]) on which the model and one sequence's KV fit."""
     out = []
-    for g in gpu_ids:
-        gpu = load_gpu(g)
+    for gpu in specs:
+        g = gpu.id
         for tp in sorted(set(tps)):
             pm = PoolModel.build(m, Pool(gpu=g, tp=tp, weight_dtype=weight_dtype, kv_dtype=kv_dtype), w, gpu)
             if pm.fits:

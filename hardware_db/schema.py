@@ -19,16 +19,16 @@ SCHEMA_VERSION = 1
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class PeakTflops(_Record):
     """Dense (no 2:4 sparsity) tensor-core peak of one GPU, in TFLOP/s (TOPS for int8)."""
 
-    bf16: float = Field(gt=0, description="bf16/fp16 dense peak, TFLOP/s")
-    fp8: float | None = Field(default=None, gt=0, description="fp8 dense peak, TFLOP/s; null if no fp8 path")
-    int8: float | None = Field(default=None, gt=0, description="int8 dense peak, TOPS")
-    fp4: float | None = Field(default=None, gt=0, description="fp4 dense peak, TFLOP/s; null if no native fp4")
+    bf16: float = Field(gt=0, le=1e6, description="bf16/fp16 dense peak, TFLOP/s")
+    fp8: float | None = Field(default=None, gt=0, le=1e6, description="fp8 dense peak, TFLOP/s; null if no fp8 path")
+    int8: float | None = Field(default=None, gt=0, le=1e6, description="int8 dense peak, TOPS")
+    fp4: float | None = Field(default=None, gt=0, le=1e6, description="fp4 dense peak, TFLOP/s; null if no native fp4")
 
 
 class Efficiency(_Record):
@@ -41,9 +41,9 @@ class Efficiency(_Record):
     compute: float = Field(default=0.6, gt=0, le=1, description="achieved / peak FLOP/s for GEMMs and attention")
     memory: float = Field(default=0.8, gt=0, le=1, description="achieved / peak HBM bandwidth")
     link: float = Field(default=0.8, gt=0, le=1, description="achieved / peak scale-up and scale-out bandwidth")
-    kernel_latency_us: float = Field(default=4.0, ge=0, description="fixed latency per kernel launch, microseconds")
-    step_overhead_us: float = Field(default=100.0, ge=0, description="fixed cost per forward step (scheduling, sampling), us")
-    collective_latency_us: float = Field(default=8.0, ge=0, description="latency per collective (all-reduce, all-to-all), us")
+    kernel_latency_us: float = Field(default=4.0, ge=0, le=1e6, description="fixed latency per kernel launch, microseconds")
+    step_overhead_us: float = Field(default=100.0, ge=0, le=1e7, description="fixed cost per forward step (scheduling, sampling), us")
+    collective_latency_us: float = Field(default=8.0, ge=0, le=1e6, description="latency per collective (all-reduce, all-to-all), us")
     fitted_on: str | None = Field(default=None, description="which measurements the values were fitted to")
 
 
@@ -53,15 +53,15 @@ class GPUSpec(_Record):
     vendor: str
     architecture: str
     peak_tflops: PeakTflops
-    hbm_gb: float = Field(gt=0, description="memory capacity, decimal GB (1e9 bytes)")
+    hbm_gb: float = Field(gt=0, le=1e5, description="memory capacity, decimal GB (1e9 bytes)")
     memory_type: str = ""
-    hbm_bandwidth_tb_s: float = Field(gt=0, description="memory bandwidth, TB/s (1e12 B/s)")
+    hbm_bandwidth_tb_s: float = Field(gt=0, le=1e4, description="memory bandwidth, TB/s (1e12 B/s)")
     scaleup_link: str = ""
-    scaleup_bandwidth_gb_s: float = Field(gt=0, description="scale-up link per GPU per direction, GB/s")
-    scaleup_domain_gpus: int = Field(default=8, ge=1, description="GPUs reachable over the scale-up link (a node)")
-    scaleout_bandwidth_gb_s: float = Field(gt=0, description="scale-out NIC per GPU per direction, GB/s")
-    tdp_w: float = Field(gt=0)
-    price_usd_per_hour: float = Field(gt=0, description="price per GPU-hour, USD")
+    scaleup_bandwidth_gb_s: float = Field(gt=0, le=1e6, description="scale-up link per GPU per direction, GB/s")
+    scaleup_domain_gpus: int = Field(default=8, ge=1, le=100_000, description="GPUs reachable over the scale-up link (a node)")
+    scaleout_bandwidth_gb_s: float = Field(gt=0, le=1e6, description="scale-out NIC per GPU per direction, GB/s")
+    tdp_w: float = Field(gt=0, le=1e5)
+    price_usd_per_hour: float = Field(gt=0, le=1e4, description="price per GPU-hour, USD")
     price_is_assumption: bool = False
     price_note: str = ""
     confidence: Literal["high", "medium", "low"] = "medium"
@@ -103,19 +103,19 @@ class GPUSpec(_Record):
 class MLASpec(_Record):
     """Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2)."""
 
-    q_lora_rank: int = Field(ge=0, description="0 when queries are projected directly (no q low-rank)")
-    kv_lora_rank: int = Field(gt=0)
-    qk_nope_head_dim: int = Field(gt=0)
-    qk_rope_head_dim: int = Field(gt=0)
-    v_head_dim: int = Field(gt=0)
+    q_lora_rank: int = Field(ge=0, le=1_000_000, description="0 when queries are projected directly (no q low-rank)")
+    kv_lora_rank: int = Field(gt=0, le=1_000_000)
+    qk_nope_head_dim: int = Field(gt=0, le=100_000)
+    qk_rope_head_dim: int = Field(gt=0, le=100_000)
+    v_head_dim: int = Field(gt=0, le=100_000)
 
 
 class MoESpec(_Record):
-    num_experts: int = Field(gt=1, description="routed experts per MoE layer")
-    experts_per_token: int = Field(gt=0, description="top-k routed experts per token")
-    expert_intermediate_size: int = Field(gt=0)
-    num_shared_experts: int = Field(default=0, ge=0, description="always-active experts of the same width")
-    num_dense_layers: int = Field(default=0, ge=0, description="leading layers with a dense MLP instead of MoE")
+    num_experts: int = Field(gt=1, le=100_000, description="routed experts per MoE layer")
+    experts_per_token: int = Field(gt=0, le=100_000, description="top-k routed experts per token")
+    expert_intermediate_size: int = Field(gt=0, le=10_000_000)
+    num_shared_experts: int = Field(default=0, ge=0, le=1_000, description="always-active experts of the same width")
+    num_dense_layers: int = Field(default=0, ge=0, le=10_000, description="leading layers with a dense MLP instead of MoE")
     router_bias: bool = Field(default=False, description="router has a bias or a score-correction bias (E params)")
     expert_bias: bool = Field(default=False, description="expert linear layers carry biases (gpt-oss)")
 
@@ -131,28 +131,28 @@ class ModelSpec(_Record):
     name: str
     family: str = Field(description="Hugging Face model_type")
     hf_repo: str | None = None
-    num_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
+    num_layers: int = Field(gt=0, le=10_000)
+    hidden_size: int = Field(gt=0, le=1_000_000)
+    vocab_size: int = Field(gt=0, le=100_000_000)
     tie_word_embeddings: bool = False
-    num_attention_heads: int = Field(gt=0)
-    num_kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0, description="per-head dimension; not always hidden/heads (Gemma, Qwen3, gpt-oss)")
+    num_attention_heads: int = Field(gt=0, le=100_000)
+    num_kv_heads: int = Field(gt=0, le=100_000)
+    head_dim: int = Field(gt=0, le=100_000, description="per-head dimension; not always hidden/heads (Gemma, Qwen3, gpt-oss)")
     mla: MLASpec | None = None
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = Field(default=False, description="per-head RMSNorm on q and k (Qwen3, Gemma-3)")
     attention_sinks: bool = Field(default=False, description="one learned logit per head per layer (gpt-oss)")
-    sliding_window: int | None = Field(default=None, gt=0)
-    num_sliding_layers: int = Field(default=0, ge=0, description="layers that attend within sliding_window")
-    intermediate_size: int = Field(gt=0, description="dense MLP width")
+    sliding_window: int | None = Field(default=None, gt=0, le=1_000_000_000)
+    num_sliding_layers: int = Field(default=0, ge=0, le=10_000, description="layers that attend within sliding_window")
+    intermediate_size: int = Field(gt=0, le=10_000_000, description="dense MLP width")
     gated_mlp: bool = Field(default=True, description="SwiGLU/GeGLU (3 matrices) rather than a plain 2-matrix MLP")
     mlp_bias: bool = False
     moe: MoESpec | None = None
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     norms_per_layer: int = Field(default=2, ge=1, le=4)
-    learned_position_embeddings: int = Field(default=0, ge=0, description="rows of a learned position table (OPT)")
-    max_position_embeddings: int = Field(gt=0)
+    learned_position_embeddings: int = Field(default=0, ge=0, le=100_000_000, description="rows of a learned position table (OPT)")
+    max_position_embeddings: int = Field(gt=0, le=1_000_000_000)
     checkpoint_dtype: str = "bf16"
     published_params_total: float | None = Field(default=None, description="published total parameters")
     published_params_active: float | None = Field(default=None, description="published active parameters (MoE)")

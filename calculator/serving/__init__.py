@@ -6,10 +6,12 @@ searches over.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from hardware_db.loader import load_model
-from hardware_db.schema import ModelSpec
+from hardware_db.schema import GPUSpec, ModelSpec
 
 from . import chunked, disaggregated, mixed
 from .base import PERCENTILES, Deployment, Evaluation, ModeArrays, Pool, PoolModel, finite_or_none, rate_grid
@@ -35,10 +37,15 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, rates, p: float,
         return ANALYSERS[d.mode](model, d, w, rates, p, pools[0])
 
 
-def evaluate(model: ModelSpec | str, deployment: Deployment, workload: Workload, slo: SLO | None = None) -> Evaluation:
-    """TTFT/TPOT statistics, utilisation and goodput of a deployment at the workload's rate."""
+def evaluate(model: ModelSpec | str, deployment: Deployment, workload: Workload, slo: SLO | None = None,
+             gpus: Sequence[GPUSpec] = ()) -> Evaluation:
+    """TTFT/TPOT statistics, utilisation and goodput of a deployment at the workload's rate.
+
+    ``gpus`` are inline GPU specs for pool ids that are not in the database (or override them).
+    """
     m = load_model(model) if isinstance(model, str) else model
-    pools = [PoolModel.build(m, p, workload) for p in deployment.pools]
+    custom = {g.id: g for g in gpus}
+    pools = [PoolModel.build(m, p, workload, custom.get(p.gpu)) for p in deployment.pools]
     bad = next((pm for pm in pools if not pm.fits), None)
     if bad is not None:
         return Evaluation(mode=deployment.mode, stable=False, reason=bad.reason, utilisation=None, ttft_mean_s=None,

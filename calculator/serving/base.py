@@ -33,7 +33,7 @@ FIXED_POINT_ITERATIONS = 60
 class Pool(BaseModel):
     """Identical instances of one GPU type, each spanning tp x pp GPUs."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     gpu: str = Field(min_length=1, max_length=64)
     tp: int = Field(default=1, ge=1, le=64)
@@ -51,7 +51,7 @@ class Pool(BaseModel):
 class Deployment(BaseModel):
     """How a model is served: one pool (mixed, chunked) or a prefill and a decode pool (disaggregated)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     mode: Mode
     pool: Pool | None = Field(default=None, description="mixed / chunked: the one pool")

@@ -21,7 +21,15 @@ import numpy as np
 from hardware_db.schema import ModelSpec
 
 from .base import (
-    Deployment, GridLookup, ModeArrays, PoolModel, PrefillService, first_root, interp_rows, queue_wait, z_score,
+    Deployment,
+    GridLookup,
+    ModeArrays,
+    PoolModel,
+    PrefillService,
+    first_root,
+    interp_rows,
+    queue_wait,
+    z_score,
 )
 from .workload import Workload
 

@@ -17,7 +17,14 @@ from hardware_db.schema import ModelSpec
 
 from .. import formulas as f
 from .base import (
-    Deployment, ModeArrays, PoolModel, PrefillService, decode_fixed_point, decode_step_at, queue_wait, z_score,
+    Deployment,
+    ModeArrays,
+    PoolModel,
+    PrefillService,
+    decode_fixed_point,
+    decode_step_at,
+    queue_wait,
+    z_score,
 )
 from .workload import Workload
 

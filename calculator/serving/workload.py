@@ -16,7 +16,7 @@ QUADRATURE_POINTS = 16
 class Length(BaseModel):
     """A token-length distribution: fixed, (mean, coefficient of variation) or empirical samples."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     mean: float = Field(gt=0, le=10_000_000)
     cv: float = Field(default=0.0, ge=0, le=10)
@@ -78,7 +78,7 @@ class Length(BaseModel):
 class Workload(BaseModel):
     """Poisson arrivals at ``rate`` requests/s with prompt (isl) and output (osl) length distributions."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     rate: float = Field(gt=0, le=1e6, description="requests per second (Poisson)")
     isl: Length = Field(description="prompt tokens: a number, [mean, cv], or a list of samples")
@@ -96,7 +96,7 @@ class Workload(BaseModel):
 class SLO(BaseModel):
     """Latency targets met at a percentile of requests."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     ttft_s: float = Field(gt=0, le=3600)
     tpot_s: float = Field(gt=0, le=60)
