@@ -54,6 +54,7 @@ class Candidate(BaseModel):
     binding: str
     output_tokens_per_s_per_gpu: float
     tokens_per_s_per_user: float
+    kv_transfer_s: float = Field(default=0.0, description="disaggregated: KV move per request inside the TTFT")
 
 
 class ParetoPoint(BaseModel):
@@ -106,7 +107,9 @@ def _why(other: Candidate, best: Candidate) -> str:
     if other.mode == "mixed" and "prefill interference" in other.binding:
         return " Prefill interference: each long prefill stalls every running decode, so TPOT forces more instances."
     if other.mode == "disaggregated" and other.num_gpus > best.num_gpus:
-        return " Disaggregation pays for two pools and the KV move; at this load they are not kept busy."
+        pre, dec = other.deployment.prefill, other.deployment.decode
+        return (f" Its two pools are each sized alone ({pre.num_gpus} prefill + {dec.num_gpus} decode GPUs)"  # type: ignore[union-attr]
+                f" and every request's KV move adds {other.kv_transfer_s * 1e3:.0f} ms to its TTFT.")
     return ""
 
 
@@ -202,6 +205,7 @@ def _candidate_from(d: Deployment, a: ModeArrays, i, w: Workload, slo: SLO, capa
         cost_per_million_tokens=cost / (tokens_per_s * 3600) * 1e6, ttft_p_s=ttft_p, tpot_p_s=tpot_p,
         utilisation=util, capacity_rps=capacity, binding=_binding(ttft_p, tpot_p, util, busiest, slo),
         output_tokens_per_s_per_gpu=tokens_per_s / gpus, tokens_per_s_per_user=1.0 / tpot_mean,
+        kv_transfer_s=float(a.kv_transfer_s[i]),
     )
 
 
@@ -271,6 +275,7 @@ def plan(
     kv_dtype: KVDtype = "bf16",
     kv_link: Literal["scaleout", "scaleup"] = "scaleout",
     whole_nodes: bool = False,
+    _verify_nearest: bool = True,
 ) -> Plan:
     """Rank deployments that meet ``slo`` at ``workload.rate``; say why when none does.
 
@@ -299,6 +304,9 @@ def plan(
         raise ValueError("tps: tensor-parallel degrees must be among 1, 2, 4, 8, 16")
     if not chunk_sizes or any(not 64 <= c <= 65_536 for c in chunk_sizes):
         raise ValueError("chunk_sizes: token budgets must lie in 64 ... 65536")
+    if workload.isl.mean + workload.osl.mean > m.max_position_embeddings:
+        raise ValueError(f"workload: mean isl + osl = {workload.isl.mean + workload.osl.mean:g} tokens exceeds "
+                         f"{m.id}'s context window of {m.max_position_embeddings}")
 
     singles = _singles(m, specs, tps, workload, weight_dtype, kv_dtype)
     cands: list[Candidate] = []
@@ -318,7 +326,14 @@ def plan(
     cands.sort(key=key)
     pareto = _pareto(cands)
     if not cands:
-        reason, nearest = _infeasible(m, singles, workload, slo, gpu_ids)
+        reason, start = _infeasible(m, singles, workload, slo, gpu_ids)
+        nearest = None
+        for factor in NEAREST_SLO_FACTORS if start is not None and _verify_nearest else ():
+            trial = _slo_or_none(start.ttft_s * factor, start.tpot_s * factor, slo.percentile)
+            if trial is not None and plan(m, workload, trial, specs, modes, objective, tps, chunk_sizes, weight_dtype,
+                                          kv_dtype, kv_link, whole_nodes, _verify_nearest=False).feasible:
+                nearest = trial
+                break
         return Plan(model=m.id, workload=workload, slo=slo, objective=objective, feasible=False, reason=reason,
                     nearest_feasible_slo=nearest, searched=searched)
     ranked = _best_of_each_mode_first(cands)
@@ -333,17 +348,21 @@ def _singles(m: ModelSpec, specs: list[GPUSpec], tps: tuple[int, ...], w: Worklo
     for gpu in specs:
         g = gpu.id
         for tp in sorted(set(tps)):
+            if m.num_attention_heads % tp:
+                continue  # heads must split evenly over the tensor-parallel group
             pm = PoolModel.build(m, Pool(gpu=g, tp=tp, weight_dtype=weight_dtype, kv_dtype=kv_dtype), w, gpu)
             if pm.fits:
                 out.append(_Single(g, tp, 1, pm))
-        if not any(s.gpu == g for s in out):
+        top_tp = max(t for t in tps if m.num_attention_heads % t == 0) if any(
+            m.num_attention_heads % t == 0 for t in tps) else None
+        if top_tp is not None and not any(s.gpu == g for s in out):
             for pp in PIPELINE_STAGES:
-                pool = Pool(gpu=g, tp=max(tps), pp=pp, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+                pool = Pool(gpu=g, tp=top_tp, pp=pp, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
                 if pp > m.num_layers:
                     break
                 pm = PoolModel.build(m, pool, w, gpu)
                 if pm.fits:
-                    out.append(_Single(g, max(tps), pp, pm))
+                    out.append(_Single(g, top_tp, pp, pm))
                     break
     return out
 
@@ -430,6 +449,18 @@ def _pareto(cands: list[Candidate]) -> tuple[ParetoPoint, ...]:
     return tuple(frontier)
 
 
+def _slo_or_none(ttft_s: float, tpot_s: float, percentile: float) -> SLO | None:
+    """An SLO rounded for display, or None when it is beyond the SLO's own bounds."""
+    try:
+        return SLO(ttft_s=round(ttft_s, 4), tpot_s=round(tpot_s, 5), percentile=percentile)
+    except ValueError:
+        return None
+
+
+NEAREST_SLO_FACTORS = (1.0, 1.5, 2.0, 4.0, 8.0)
+"""Loosening steps tried, from the latency floors up, for the nearest SLO that a plan can meet."""
+
+
 def _infeasible(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, gpu_ids: list[str]) -> tuple[str, SLO | None]:
     if not singles:
         return (f"{m.id} does not fit on any of {', '.join(gpu_ids)} at tp up to 8 "
@@ -439,8 +470,7 @@ def _infeasible(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, gpu
     tpot_floor, fs = min(floors, key=lambda x: x[0])
     ttfts = [(PrefillService.of(s.pm, w, slo.p).quantile_s, s) for s in singles]
     ttft_floor, ts = min(ttfts, key=lambda x: x[0])
-    nearest = SLO(ttft_s=round(max(slo.ttft_s, 1.25 * ttft_floor), 4), tpot_s=round(max(slo.tpot_s, 1.25 * tpot_floor), 5),
-                  percentile=slo.percentile)
+    nearest = _slo_or_none(max(slo.ttft_s, 1.25 * ttft_floor), max(slo.tpot_s, 1.25 * tpot_floor), slo.percentile)
     if slo.tpot_s < tpot_floor:
         return (f"TPOT {slo.tpot_s:g} s is below the batch-1 decode floor of {tpot_floor:.4f} s for {m.id} on "
                 f"{fs.gpu} at tp={fs.tp}" + (f" pp={fs.pp}" if fs.pp > 1 else "")), nearest

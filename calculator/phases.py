@@ -64,6 +64,8 @@ class Setup:
             raise ValueError("ep: expert parallelism needs a mixture-of-experts model")
         if self.tp % self.ep != 0:
             raise ValueError(f"ep: must divide tp (experts are split inside the tensor-parallel group), got ep={self.ep}, tp={self.tp}")
+        if m.num_attention_heads % self.tp:
+            raise ValueError(f"tp: {m.id}'s {m.num_attention_heads} attention heads do not split evenly over tp={self.tp}")
         if self.pp > m.num_layers:
             raise ValueError(f"pp: {self.pp} stages exceed the model's {m.num_layers} layers")
         v = dict(shape_values(m))

@@ -25,10 +25,10 @@ class _Record(BaseModel):
 class PeakTflops(_Record):
     """Dense (no 2:4 sparsity) tensor-core peak of one GPU, in TFLOP/s (TOPS for int8)."""
 
-    bf16: float = Field(gt=0, le=1e6, description="bf16/fp16 dense peak, TFLOP/s")
-    fp8: float | None = Field(default=None, gt=0, le=1e6, description="fp8 dense peak, TFLOP/s; null if no fp8 path")
-    int8: float | None = Field(default=None, gt=0, le=1e6, description="int8 dense peak, TOPS")
-    fp4: float | None = Field(default=None, gt=0, le=1e6, description="fp4 dense peak, TFLOP/s; null if no native fp4")
+    bf16: float = Field(ge=0.01, le=1e6, description="bf16/fp16 dense peak, TFLOP/s")
+    fp8: float | None = Field(default=None, ge=0.01, le=1e6, description="fp8 dense peak, TFLOP/s; null if no fp8 path")
+    int8: float | None = Field(default=None, ge=0.01, le=1e6, description="int8 dense peak, TOPS")
+    fp4: float | None = Field(default=None, ge=0.01, le=1e6, description="fp4 dense peak, TFLOP/s; null if no native fp4")
 
 
 class Efficiency(_Record):
@@ -38,9 +38,9 @@ class Efficiency(_Record):
     ``pdplan validate`` fits them to the user's own machine.
     """
 
-    compute: float = Field(default=0.6, gt=0, le=1, description="achieved / peak FLOP/s for GEMMs and attention")
-    memory: float = Field(default=0.8, gt=0, le=1, description="achieved / peak HBM bandwidth")
-    link: float = Field(default=0.8, gt=0, le=1, description="achieved / peak scale-up and scale-out bandwidth")
+    compute: float = Field(default=0.6, ge=0.01, le=1, description="achieved / peak FLOP/s for GEMMs and attention")
+    memory: float = Field(default=0.8, ge=0.01, le=1, description="achieved / peak HBM bandwidth")
+    link: float = Field(default=0.8, ge=0.01, le=1, description="achieved / peak scale-up and scale-out bandwidth")
     kernel_latency_us: float = Field(default=4.0, ge=0, le=1e6, description="fixed latency per kernel launch, microseconds")
     step_overhead_us: float = Field(default=100.0, ge=0, le=1e7, description="fixed cost per forward step (scheduling, sampling), us")
     collective_latency_us: float = Field(default=8.0, ge=0, le=1e6, description="latency per collective (all-reduce, all-to-all), us")
@@ -53,15 +53,15 @@ class GPUSpec(_Record):
     vendor: str
     architecture: str
     peak_tflops: PeakTflops
-    hbm_gb: float = Field(gt=0, le=1e5, description="memory capacity, decimal GB (1e9 bytes)")
+    hbm_gb: float = Field(ge=0.01, le=1e5, description="memory capacity, decimal GB (1e9 bytes)")
     memory_type: str = ""
-    hbm_bandwidth_tb_s: float = Field(gt=0, le=1e4, description="memory bandwidth, TB/s (1e12 B/s)")
+    hbm_bandwidth_tb_s: float = Field(ge=1e-3, le=1e4, description="memory bandwidth, TB/s (1e12 B/s)")
     scaleup_link: str = ""
-    scaleup_bandwidth_gb_s: float = Field(gt=0, le=1e6, description="scale-up link per GPU per direction, GB/s")
+    scaleup_bandwidth_gb_s: float = Field(ge=0.01, le=1e6, description="scale-up link per GPU per direction, GB/s")
     scaleup_domain_gpus: int = Field(default=8, ge=1, le=100_000, description="GPUs reachable over the scale-up link (a node)")
-    scaleout_bandwidth_gb_s: float = Field(gt=0, le=1e6, description="scale-out NIC per GPU per direction, GB/s")
-    tdp_w: float = Field(gt=0, le=1e5)
-    price_usd_per_hour: float = Field(gt=0, le=1e4, description="price per GPU-hour, USD")
+    scaleout_bandwidth_gb_s: float = Field(ge=0.01, le=1e6, description="scale-out NIC per GPU per direction, GB/s")
+    tdp_w: float = Field(ge=1, le=1e5)
+    price_usd_per_hour: float = Field(ge=1e-4, le=1e4, description="price per GPU-hour, USD")
     price_is_assumption: bool = False
     price_note: str = ""
     confidence: Literal["high", "medium", "low"] = "medium"
@@ -167,8 +167,8 @@ class ModelSpec(_Record):
             raise ValueError("num_sliding_layers must not exceed num_layers")
         if self.num_sliding_layers and self.sliding_window is None:
             raise ValueError("num_sliding_layers > 0 needs sliding_window")
-        if self.moe is not None and self.moe.num_dense_layers > self.num_layers:
-            raise ValueError("moe.num_dense_layers must not exceed num_layers")
+        if self.moe is not None and self.moe.num_dense_layers >= self.num_layers:
+            raise ValueError("moe.num_dense_layers must leave at least one MoE layer (< num_layers)")
         return self
 
     @property

@@ -114,8 +114,9 @@ def test_every_model_on_every_gpu_fits_or_says_why():
     """The issue's acceptance sweep: smallest power-of-two tp in a node that fits, else a reason."""
     for model_id in pc.list_models():
         for gpu_id in pc.list_gpus():
+            heads = pc.load_model(model_id).num_attention_heads
             results = [pc.estimate(model_id, gpu_id, tp=tp, isl=1024, osl=256, weight_dtype="fp8", rows=False)
-                       for tp in (1, 2, 4, 8)]
+                       for tp in (1, 2, 4, 8) if heads % tp == 0]
             for e in results:
                 if e.fits:
                     assert math.isfinite(e.ttft_s) and e.ttft_s > 0 and e.tpot_s > 0 and e.max_batch >= 1
@@ -149,3 +150,10 @@ def test_fp8_kv_never_lowers_max_batch(model, isl):
     a = pc.estimate(model, "h200-sxm", tp=8, isl=isl, osl=100, weight_dtype="fp8", kv_dtype="bf16", rows=False)
     b = pc.estimate(model, "h200-sxm", tp=8, isl=isl, osl=100, weight_dtype="fp8", kv_dtype="fp8", rows=False)
     assert b.max_batch >= 2 * a.max_batch - 1 if a.max_batch else b.max_batch >= 0
+
+
+def test_tp_must_split_the_attention_heads():
+    # Qwen2.5-7B has 28 query heads: tp 4 splits them 7 per GPU, tp 8 cannot (vLLM refuses it too)
+    assert pc.estimate("qwen2.5-7b", "h100-sxm", tp=4).fits
+    with pytest.raises(ValueError, match="^tp: qwen2.5-7b's 28 attention heads do not split evenly over tp=8"):
+        pc.estimate("qwen2.5-7b", "h100-sxm", tp=8)

@@ -82,7 +82,7 @@ def test_user_file_adds_and_overrides_by_argument_and_env(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("mutation, expected", [
-    (("hbm_gb: 100", "hbm_gb: -5"), r"gpus\[0\] \(id 'my-gpu'\) field hbm_gb: Input should be greater than 0"),
+    (("hbm_gb: 100", "hbm_gb: -5"), r"gpus\[0\] \(id 'my-gpu'\) field hbm_gb: Input should be greater than or equal to 0.01"),
     (("peak_tflops: {bf16: 500}", "peak_tflops: {bf16: fast}"), r"gpus\[0\] \(id 'my-gpu'\) field peak_tflops.bf16"),
     (("  tdp_w: 500\n", "  tdp_w: 500\n  colour: red\n"), r"field colour: Extra inputs are not permitted"),
     (("- id: my-gpu", "- id: My GPU!"), r"field id: String should match pattern"),

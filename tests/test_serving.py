@@ -119,6 +119,14 @@ def test_infeasible_tpot_names_the_decode_floor():
     assert not p.feasible
     assert p.reason.startswith("TPOT 0.001 s is below the batch-1 decode floor of")
     assert p.nearest_feasible_slo.tpot_s > 0.001
+    # the nearest SLO offered is one the planner can meet at this rate
+    assert pc.plan("llama-3.1-70b", workload=w, slo=p.nearest_feasible_slo, gpus=["h100-sxm"]).feasible
+
+
+def test_workload_beyond_the_context_window_is_an_input_error():
+    with pytest.raises(ValueError, match="^workload: .*context window"):
+        pc.plan("opt-13b", workload=pc.Workload(rate=1.0, isl=4000, osl=100), slo=pc.SLO(ttft_s=2, tpot_s=0.1),
+                gpus=["h100-sxm"])
 
 
 @pytest.mark.parametrize("rate", [1.0, 4.0])
@@ -230,7 +238,7 @@ def test_heterogeneous_pairs_are_searched():
 
 @pytest.mark.parametrize("model", pc.list_models())
 def test_plan_works_for_every_catalog_model(model):
-    w = pc.Workload(rate=4.0, isl=2000, osl=300)
+    w = pc.Workload(rate=4.0, isl=1500, osl=300)  # inside the smallest context window (OPT: 2048)
     p = pc.plan(model, workload=w, slo=pc.SLO(ttft_s=3.0, tpot_s=0.1), gpus=["h200-sxm", "b200", "mi355x"],
                 weight_dtype="fp8", kv_dtype="fp8")
     assert p.feasible, p.reason

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -18,9 +18,10 @@ class Length(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    mean: float = Field(gt=0, le=10_000_000)
-    cv: float = Field(default=0.0, ge=0, le=10)
-    samples: tuple[int, ...] | None = Field(default=None, max_length=MAX_SAMPLES)
+    mean: float = Field(ge=1, le=10_000_000, description="mean tokens")
+    cv: float = Field(default=0.0, ge=0, le=10, description="coefficient of variation (std / mean)")
+    samples: tuple[Annotated[int, Field(ge=1, le=10_000_000)], ...] | None = Field(
+        default=None, min_length=3, max_length=MAX_SAMPLES, description="empirical lengths (mean and cv follow them)")
 
     @model_validator(mode="before")
     @classmethod
@@ -29,11 +30,19 @@ class Length(BaseModel):
             raise ValueError("a length must be a number, a (mean, cv) pair or a list of samples")
         if isinstance(v, (int, float)):
             return {"mean": v}
+        if isinstance(v, dict) and v.get("samples") is not None:
+            if not isinstance(v["samples"], (list, tuple)):
+                raise ValueError("samples: give a list of token counts")
+            if len(v["samples"]) < 3:
+                raise ValueError("samples: give at least 3 samples")
+            return cls._coerce(list(v["samples"]))
         if isinstance(v, (list, tuple)):
             if len(v) == 2:
                 return {"mean": v[0], "cv": v[1]}
             if len(v) < 3:
                 raise ValueError("give a number, a (mean, cv) pair, or at least 3 samples")
+            if len(v) > MAX_SAMPLES:
+                raise ValueError(f"samples: at most {MAX_SAMPLES} samples")
             if any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 1 for x in v):
                 raise ValueError("samples must be finite token counts >= 1")
             arr = np.asarray(v, dtype=float)
@@ -80,7 +89,7 @@ class Workload(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    rate: float = Field(gt=0, le=1e6, description="requests per second (Poisson)")
+    rate: float = Field(ge=1e-6, le=1e6, description="requests per second (Poisson)")
     isl: Length = Field(description="prompt tokens: a number, [mean, cv], or a list of samples")
     osl: Length = Field(description="output tokens: a number, [mean, cv], or a list of samples")
     prefix_hit: float = Field(default=0.0, ge=0, lt=1, description="fraction of the prompt served from the prefix cache")

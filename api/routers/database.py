@@ -1,0 +1,33 @@
+"""The GPU and model database, with sources."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from calculator.service import ModelInfo, gpu_catalog, model_catalog, model_info
+from hardware_db.loader import load_gpu, load_model
+from hardware_db.schema import GPUSpec
+
+from ..errors import ERROR_RESPONSES
+
+router = APIRouter(prefix="/v1", tags=["database"])
+
+
+@router.get("/gpus", response_model=list[GPUSpec], summary="All GPUs, with datasheet sources")
+def gpus() -> list[GPUSpec]:
+    return gpu_catalog()
+
+
+@router.get("/gpus/{gpu_id}", response_model=GPUSpec, responses=ERROR_RESPONSES, summary="One GPU")
+def gpu(gpu_id: str) -> GPUSpec:
+    return load_gpu(gpu_id)
+
+
+@router.get("/models", response_model=list[ModelInfo], summary="All models, with parameter counts and sources")
+def models() -> list[ModelInfo]:
+    return model_catalog()
+
+
+@router.get("/models/{model_id}", response_model=ModelInfo, responses=ERROR_RESPONSES, summary="One model")
+def model(model_id: str) -> ModelInfo:
+    return model_info(load_model(model_id))

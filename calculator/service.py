@@ -1,0 +1,376 @@
+"""Requests and responses shared by the REST API and the command line, and the functions that
+answer them.
+
+One schema: the API's OpenAPI document and the CLI's ``--json`` output are these models, and the
+answers come from ``estimate``, ``plan`` and ``evaluate``. Every request is bounded: lengths,
+list sizes and search spaces have caps, each reported by field when exceeded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from functools import lru_cache
+from importlib import metadata
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hardware_db.loader import database, load_gpu, load_model
+from hardware_db.schema import Efficiency, GPUSpec, KVDtype, ModelSpec, WeightDtype
+
+from .estimate import Estimate, estimate
+from .formulas import FORMULAS
+from .hf_config import model_from_hf_config
+from .kv_cache import kv_bytes_per_gpu, kv_bytes_per_token, kv_cache_bytes
+from .optimizer import CHUNKS, MAX_GPU_TYPES, TPS, Objective, Plan, plan
+from .serving import SLO, Deployment, Evaluation, Workload, evaluate
+from .serving.base import Mode
+
+MAX_SWEEP_POINTS = 64
+MAX_PLAN_SWEEP_POINTS = 12
+MAX_HF_CONFIG_KEYS = 400
+MAX_TOKENS = 10_000_000
+MAX_BATCH = 65_536
+
+ESTIMATE_SWEEPABLE = ("isl", "osl", "batch", "tp", "pp", "prefix_hit", "gpu_memory_utilisation")
+PLAN_SWEEPABLE = ("rate", "isl", "osl", "prefix_hit", "ttft_s", "tpot_s")
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class HFConfig(_Request):
+    """A model given as the JSON object of a Hugging Face ``config.json``."""
+
+    hf_config: dict[str, Any] = Field(max_length=MAX_HF_CONFIG_KEYS, description="the config.json object")
+    id: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9.\-]*$", max_length=64,
+                           description="id to give the model (default: derived from the config)")
+
+
+ModelId = Annotated[str, Field(min_length=1, max_length=64, description="a model id from GET /v1/models")]
+GpuId = Annotated[str, Field(min_length=1, max_length=64, description="a GPU id from GET /v1/gpus")]
+ModelRef = ModelId | ModelSpec | HFConfig
+GPURef = GpuId | GPUSpec
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+
+
+def resolve_model(ref: ModelRef, field: str = "model") -> ModelSpec:
+    """A ModelSpec from a database id, an inline spec or a Hugging Face config."""
+    if isinstance(ref, ModelSpec):
+        return ref
+    if isinstance(ref, HFConfig):
+        try:
+            return model_from_hf_config(dict(ref.hf_config), model_id=ref.id)
+        except ValidationError as e:
+            first = e.errors()[0]
+            raise ValueError(f"{field}.hf_config: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        except (ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError, OverflowError) as e:
+            raise ValueError(f"{field}.hf_config: {e}") from None
+    return load_model(ref)
+
+
+def resolve_gpu(ref: GPURef) -> GPUSpec:
+    return ref if isinstance(ref, GPUSpec) else load_gpu(ref)
+
+
+# ------------------------------------------------------------------------------------------ database
+
+class ModelInfo(BaseModel):
+    """A catalog model with its derived sizes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    spec: ModelSpec
+    param_count: int = Field(description="parameters from the layer shapes")
+    active_param_count: int = Field(description="parameters one token touches (MoE: k routed + shared experts)")
+    kv_bytes_per_token_bf16: float = Field(description="all layers, bf16 KV, before any sliding-window cap")
+
+
+def model_info(m: ModelSpec) -> ModelInfo:
+    return ModelInfo(spec=m, param_count=m.param_count(), active_param_count=m.active_param_count(),
+                     kv_bytes_per_token_bf16=kv_bytes_per_token(m, "bf16"))
+
+
+def gpu_catalog() -> list[GPUSpec]:
+    gpus, _ = database()
+    return [gpus[k] for k in sorted(gpus)]
+
+
+def model_catalog() -> list[ModelInfo]:
+    _, models = database()
+    return [model_info(models[k]) for k in sorted(models)]
+
+
+class VersionInfo(BaseModel):
+    package: str
+    version: str
+    database_sha256: str = Field(description="hash of the GPU and model records in use")
+    gpus: int
+    models: int
+    python: str
+
+
+@lru_cache(maxsize=1)
+def version_info() -> VersionInfo:
+    gpus, models = database()
+    body = json.dumps({"gpus": [g.model_dump(mode="json") for g in gpus.values()],
+                       "models": [m.model_dump(mode="json") for m in models.values()]}, sort_keys=True)
+    try:
+        version = metadata.version("pdplan")
+    except metadata.PackageNotFoundError:
+        version = "0+unknown"
+    return VersionInfo(package="pdplan", version=version, database_sha256=hashlib.sha256(body.encode()).hexdigest(),
+                       gpus=len(gpus), models=len(models), python=platform.python_version())
+
+
+# ------------------------------------------------------------------------------------------ KV cache
+
+class KVRequest(_Request):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, json_schema_extra={
+        "examples": [{"model": "llama-3.1-70b", "kv_dtype": "bf16", "context_tokens": 8192, "batch": 32, "tp": 4}]})
+
+    model: ModelRef
+    kv_dtype: KVDtype = "bf16"
+    context_tokens: Tokens = Field(default=4096, description="tokens held per request (prompt + generated)")
+    batch: int = Field(default=1, ge=1, le=MAX_BATCH, description="concurrent requests")
+    tp: int = Field(default=1, ge=1, le=64, description="tensor-parallel degree (KV heads split across GPUs)")
+
+
+class FormulaInfo(BaseModel):
+    name: str
+    latex: str
+    unit: str
+    doc: str
+
+
+def formula_info(name: str) -> FormulaInfo:
+    f = FORMULAS[name]
+    return FormulaInfo(name=name, latex=f.latex, unit=f.unit, doc=f.doc)
+
+
+class KVResponse(BaseModel):
+    model: str
+    kv_dtype: str
+    context_tokens: int
+    batch: int
+    tp: int
+    bytes_per_token: float = Field(description="all layers, before any sliding-window cap")
+    bytes_per_request: float = Field(description="one request at context_tokens (sliding layers capped at the window)")
+    bytes_batch: float = Field(description="the whole batch, all GPUs")
+    bytes_per_gpu_batch: float = Field(description="the whole batch on one GPU of the tp group")
+    formula: FormulaInfo
+
+
+def kv_cache(req: KVRequest) -> KVResponse:
+    m = resolve_model(req.model)
+    if m.num_attention_heads % req.tp:
+        raise ValueError(f"tp: {m.id}'s {m.num_attention_heads} attention heads do not split evenly over tp={req.tp}")
+    per_request = float(kv_cache_bytes(m, req.context_tokens, req.kv_dtype, tp=1))
+    return KVResponse(
+        model=m.id, kv_dtype=req.kv_dtype, context_tokens=req.context_tokens, batch=req.batch, tp=req.tp,
+        bytes_per_token=kv_bytes_per_token(m, req.kv_dtype), bytes_per_request=per_request,
+        bytes_batch=per_request * req.batch,
+        bytes_per_gpu_batch=float(kv_bytes_per_gpu(m, req.context_tokens, req.kv_dtype, tp=req.tp)) * req.batch,
+        formula=formula_info("kv_bytes_context"),
+    )
+
+
+# ------------------------------------------------------------------------------------------ estimate
+
+class EstimateRequest(_Request):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, json_schema_extra={
+        "examples": [{"model": "llama-3.1-70b", "gpu": "h200-sxm", "tp": 4, "isl": 4000, "osl": 500, "batch": 8,
+                      "weight_dtype": "bf16", "kv_dtype": "bf16"}]})
+
+    model: ModelRef
+    gpu: GPURef
+    tp: int = Field(default=1, ge=1, le=64)
+    pp: int = Field(default=1, ge=1, le=64)
+    ep: int = Field(default=1, ge=1, le=64, description="expert parallelism inside the tp group (MoE)")
+    isl: Tokens = 1024
+    osl: Tokens = 256
+    batch: int = Field(default=1, ge=1, le=MAX_BATCH)
+    weight_dtype: WeightDtype = "bf16"
+    kv_dtype: KVDtype = "bf16"
+    prefix_hit: float = Field(default=0.0, ge=0, lt=1, description="fraction of the prompt in the prefix cache")
+    gpu_memory_utilisation: float = Field(default=0.9, gt=0, le=1)
+    calibration: Efficiency | None = Field(default=None, description="efficiencies replacing the GPU's defaults")
+    rows: bool = Field(default=True, description="include the operator rows")
+
+
+class EstimateResponse(BaseModel):
+    estimate: Estimate
+    formulas: list[FormulaInfo] = Field(description="every formula the figures came from, as LaTeX")
+
+
+BASE_ESTIMATE_FORMULAS = ("weights_bytes_per_gpu", "kv_bytes_context", "kv_budget_bytes", "max_batch",
+                          "gemm_flops", "attention_flops", "attention_kv_read_bytes", "roofline_time")
+
+
+def run_estimate(req: EstimateRequest) -> EstimateResponse:
+    e = estimate(resolve_model(req.model), resolve_gpu(req.gpu), tp=req.tp, pp=req.pp, ep=req.ep, isl=req.isl,
+                 osl=req.osl, batch=req.batch, weight_dtype=req.weight_dtype, kv_dtype=req.kv_dtype,
+                 prefix_hit=req.prefix_hit, gpu_memory_utilisation=req.gpu_memory_utilisation,
+                 calibration=req.calibration, rows=True)
+    names = list(BASE_ESTIMATE_FORMULAS) + sorted({r.formula for r in e.rows} - set(BASE_ESTIMATE_FORMULAS))
+    if not req.rows:
+        e = e.model_copy(update={"rows": ()})
+    return EstimateResponse(estimate=e, formulas=[formula_info(n) for n in names])
+
+
+# ------------------------------------------------------------------------------------------ plan
+
+class PlanRequest(_Request):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, json_schema_extra={
+        "examples": [{"model": "llama-3.1-70b", "workload": {"rate": 12.0, "isl": 4000, "osl": 500},
+                      "slo": {"ttft_s": 2.0, "tpot_s": 0.05, "percentile": 90},
+                      "gpus": ["h100-sxm", "h200-sxm", "h20"], "objective": "gpus"}]})
+
+    model: ModelRef
+    workload: Workload
+    slo: SLO
+    gpus: list[GPURef] | None = Field(default=None, min_length=1, max_length=MAX_GPU_TYPES,
+                                      description="candidate GPU ids or inline specs; default: the whole database")
+    modes: list[Mode] | None = Field(default=None, min_length=1, max_length=3)
+    objective: Objective = "gpus"
+    tps: list[Literal[1, 2, 4, 8, 16]] = Field(default=list(TPS), min_length=1, max_length=5)
+    chunk_sizes: list[Annotated[int, Field(ge=64, le=65_536)]] = Field(default=list(CHUNKS), min_length=1, max_length=8)
+    weight_dtype: WeightDtype = "bf16"
+    kv_dtype: KVDtype = "bf16"
+    kv_link: Literal["scaleout", "scaleup"] = "scaleout"
+    whole_nodes: bool = False
+
+
+class PlanResponse(BaseModel):
+    plan: Plan
+    explanation: str
+
+
+def run_plan(req: PlanRequest) -> PlanResponse:
+    p = plan(resolve_model(req.model), workload=req.workload, slo=req.slo,
+             gpus=list(req.gpus) if req.gpus is not None else None, modes=list(req.modes) if req.modes else None,
+             objective=req.objective, tps=tuple(req.tps), chunk_sizes=tuple(req.chunk_sizes),
+             weight_dtype=req.weight_dtype, kv_dtype=req.kv_dtype, kv_link=req.kv_link, whole_nodes=req.whole_nodes)
+    return PlanResponse(plan=p, explanation=p.explain())
+
+
+class EvaluateRequest(_Request):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, json_schema_extra={
+        "examples": [{"model": "llama-3.1-70b",
+                      "deployment": {"mode": "disaggregated",
+                                     "prefill": {"gpu": "h100-sxm", "tp": 2, "instances": 3, "weight_dtype": "fp8"},
+                                     "decode": {"gpu": "h20", "tp": 4, "instances": 2, "weight_dtype": "fp8"}},
+                      "workload": {"rate": 4.0, "isl": 4000, "osl": 500},
+                      "slo": {"ttft_s": 2.0, "tpot_s": 0.05}}]})
+
+    model: ModelRef
+    deployment: Deployment
+    workload: Workload
+    slo: SLO | None = None
+    gpus: list[GPUSpec] = Field(default_factory=list, max_length=2, description="inline specs for custom pool GPU ids")
+
+
+def run_evaluate(req: EvaluateRequest) -> Evaluation:
+    m = resolve_model(req.model)
+    if req.workload.isl.mean + req.workload.osl.mean > m.max_position_embeddings:
+        raise ValueError(f"workload: mean isl + osl exceeds {m.id}'s context window of {m.max_position_embeddings}")
+    custom = {g.id for g in req.gpus}
+    for pool in req.deployment.pools:
+        if pool.gpu not in custom:
+            load_gpu(pool.gpu)  # unknown ids raise, naming the closest
+    return evaluate(m, req.deployment, req.workload, req.slo, gpus=req.gpus)
+
+
+# ------------------------------------------------------------------------------------------ sweep
+
+class SweepRequest(_Request):
+    """One input varied over a list of values; the rest fixed by ``estimate`` or ``plan``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, json_schema_extra={
+        "examples": [{"target": "estimate", "vary": "batch", "values": [1, 2, 4, 8, 16, 32, 64],
+                      "estimate": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "isl": 2000, "osl": 200}}]})
+
+    target: Literal["estimate", "plan"]
+    vary: str = Field(description=f"estimate: one of {', '.join(ESTIMATE_SWEEPABLE)}; "
+                                  f"plan: one of {', '.join(PLAN_SWEEPABLE)}")
+    values: list[float] = Field(min_length=1, max_length=MAX_SWEEP_POINTS)
+    estimate: EstimateRequest | None = None
+    plan: PlanRequest | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SweepRequest:
+        allowed = ESTIMATE_SWEEPABLE if self.target == "estimate" else PLAN_SWEEPABLE
+        if self.vary not in allowed:
+            raise ValueError(f"vary: {self.vary!r} cannot be swept for target {self.target}; choose one of "
+                             f"{', '.join(allowed)}")
+        if getattr(self, self.target) is None:
+            raise ValueError(f"{self.target}: target {self.target} needs the base '{self.target}' request")
+        if self.target == "plan" and len(self.values) > MAX_PLAN_SWEEP_POINTS:
+            raise ValueError(f"values: a plan sweep takes at most {MAX_PLAN_SWEEP_POINTS} values")
+        return self
+
+
+class SweepResponse(BaseModel):
+    target: str
+    vary: str
+    values: list[float]
+    series: dict[str, list[float | None]] = Field(description="one series per output, aligned with values")
+    labels: list[str | None] = Field(description="plan: the best deployment per value; estimate: the bound")
+
+
+def _with(req: BaseModel, path: tuple[str, ...], value: Any, where: str) -> Any:
+    body = req.model_dump()
+    node = body
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    try:
+        return type(req).model_validate(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise ValueError(f"{where}: {first['msg']}") from None
+
+
+def _number(value: float, integer: bool, where: str) -> float | int:
+    if integer:
+        if value != int(value):
+            raise ValueError(f"{where}: {value:g} must be a whole number for this input")
+        return int(value)
+    return value
+
+
+def run_sweep(req: SweepRequest) -> SweepResponse:
+    series: dict[str, list[float | None]] = {}
+    labels: list[str | None] = []
+    for i, value in enumerate(req.values):
+        where = f"values.{i}"
+        if req.target == "estimate":
+            assert req.estimate is not None
+            v = _number(value, req.vary in ("isl", "osl", "batch", "tp", "pp"), where)
+            e = run_estimate(_with(req.estimate, (req.vary,), v, where).model_copy(update={"rows": False})).estimate
+            point = {"ttft_s": e.ttft_s, "tpot_s": e.tpot_s, "e2e_s": e.e2e_s, "output_tokens_per_s": e.output_tokens_per_s,
+                     "kv_cache_bytes": e.kv_cache_bytes, "max_batch": float(e.max_batch), "fits": float(e.fits)}
+            labels.append(f"prefill {e.prefill_bound}, decode {e.decode_bound}" if e.fits else e.reason)
+        else:
+            assert req.plan is not None
+            path = ("slo", req.vary) if req.vary in ("ttft_s", "tpot_s") else ("workload", req.vary)
+            v = _number(value, False, where)
+            p = run_plan(_with(req.plan, path, v, where)).plan
+            b = p.best
+            point = {"num_gpus": float(b.num_gpus) if b else None, "cost_per_hour": b.cost_per_hour if b else None,
+                     "ttft_p_s": b.ttft_p_s if b else None, "tpot_p_s": b.tpot_p_s if b else None,
+                     "cost_per_million_tokens": b.cost_per_million_tokens if b else None}
+            labels.append(_label(p))
+        for k, x in point.items():
+            series.setdefault(k, []).append(x)
+    return SweepResponse(target=req.target, vary=req.vary, values=list(req.values), series=series, labels=labels)
+
+
+def _label(p: Plan) -> str | None:
+    if p.best is None:
+        return None
+    d = p.best.deployment
+    return f"{d.mode}: " + " + ".join(f"{x.instances}x {x.gpu} tp{x.tp}" for x in d.pools)

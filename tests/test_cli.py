@@ -1,0 +1,79 @@
+"""The pdplan command line: tables by default, the service models as JSON with --json, one-line errors."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import calculator as pc
+from calculator.cli import app, parse_duration
+
+runner = CliRunner()
+
+
+def _ok(*args: str):
+    r = runner.invoke(app, list(args))
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+@pytest.mark.parametrize("text, seconds", [("2s", 2.0), ("50ms", 0.05), ("0.05", 0.05), ("200us", 2e-4),
+                                           ("1m", 60.0), ("1.5 s", 1.5)])
+def test_durations_take_units(text, seconds):
+    assert parse_duration(text, "ttft") == pytest.approx(seconds)
+
+
+def test_bad_duration_names_the_option():
+    with pytest.raises(ValueError, match="^tpot: cannot read '5 parsecs'"):
+        parse_duration("5 parsecs", "tpot")
+
+
+def test_gpus_and_models_tables_and_json():
+    assert "h100-sxm" in _ok("gpus")
+    assert {g["id"] for g in json.loads(_ok("gpus", "--json"))} == set(pc.list_gpus())
+    rows = json.loads(_ok("models", "--json"))
+    assert next(r for r in rows if r["spec"]["id"] == "llama-3.1-8b")["param_count"] == 8_030_261_248
+    assert "llama-3.1-8b" in _ok("models")
+
+
+def test_kv_json_is_the_api_response():
+    body = json.loads(_ok("kv", "llama-3.1-70b", "--tokens", "8192", "--batch", "32", "--tp", "4", "--json"))
+    assert body["bytes_per_token"] == 327_680 and body["bytes_per_gpu_batch"] == 327_680 * 8192 * 32 / 4
+    assert "327,680" in _ok("kv", "llama-3.1-70b")
+
+
+def test_estimate_table_and_json_agree_with_python():
+    body = json.loads(_ok("estimate", "llama-3.1-70b", "h200-sxm", "--tp", "4", "--isl", "4000", "--osl", "500",
+                          "--json"))
+    py = pc.estimate("llama-3.1-70b", "h200-sxm", tp=4, isl=4000, osl=500)
+    assert body["estimate"]["tpot_s"] == pytest.approx(py.tpot_s, rel=1e-12)
+    text = _ok("estimate", "llama-3.1-70b", "h200-sxm", "--tp", "4", "--isl", "4000", "--osl", "500")
+    assert f"{py.tpot_s * 1e3:,.2f} ms" in text and "attention_proj" in text
+
+
+def test_plan_prints_the_explanation_and_json():
+    args = ["plan", "llama-3.1-70b", "--rate", "12", "--isl", "4000", "--osl", "500", "--ttft", "2s", "--tpot",
+            "50ms", "--gpu", "h100-sxm", "--gpu", "h200-sxm"]
+    assert "Best:" in _ok(*args)
+    body = json.loads(_ok(*args, "--json"))
+    assert body["plan"]["feasible"] and body["plan"]["slo"]["tpot_s"] == 0.05
+
+
+def test_infeasible_plan_exits_1_with_the_reason():
+    r = runner.invoke(app, ["plan", "llama-3.1-70b", "--rate", "1", "--ttft", "2s", "--tpot", "1ms",
+                            "--gpu", "h100-sxm"])
+    assert r.exit_code == 1 and "decode floor" in r.output and "Nearest feasible SLO" in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["estimate", "llama-3.1-70b", "h100"], "unknown GPU id 'h100'; closest: "),
+    (["estimate", "llama-3.1-8b", "h100-sxm", "--isl", "-5"], "isl: Input should be greater than or equal to 1"),
+    (["kv", "llama-3.1-8b", "--kv-dtype", "fp3"], "kv_dtype: "),
+    (["plan", "llama-3.1-8b", "--rate", "1", "--ttft", "2x", "--tpot", "50ms"], "ttft: cannot read '2x'"),
+    (["estimate", "/nonexistent/config.json", "h100-sxm"], "model: cannot read"),
+])
+def test_errors_are_one_line_and_exit_2(args, message):
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2
+    assert message in r.output
+    assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
