@@ -146,6 +146,7 @@ class FormulaInfo(BaseModel):
     doc: str
 
 
+@lru_cache(maxsize=None)
 def formula_info(name: str) -> FormulaInfo:
     f = FORMULAS[name]
     return FormulaInfo(name=name, latex=f.latex, unit=f.unit, doc=f.doc)

@@ -1,5 +1,9 @@
 """The calculator: KV cache, estimate, plan, evaluate and sweep. Each route parses, calls
-``calculator.service`` and returns its model."""
+``calculator.service`` and returns its model.
+
+KV cache and estimate take about a millisecond of CPU, so they run on the event loop (no thread
+hop); plan, evaluate and sweep take tens to hundreds of milliseconds and run in the thread pool
+so that the loop keeps answering health checks and fast requests meanwhile."""
 
 from __future__ import annotations
 
@@ -14,13 +18,13 @@ router = APIRouter(prefix="/v1", tags=["calculator"], responses=ERROR_RESPONSES)
 
 
 @router.post("/kv-cache", response_model=s.KVResponse, summary="KV-cache bytes per token, per request and per batch")
-def kv_cache(req: s.KVRequest) -> s.KVResponse:
+async def kv_cache(req: s.KVRequest) -> s.KVResponse:
     return s.kv_cache(req)
 
 
 @router.post("/estimate", response_model=s.EstimateResponse,
              summary="Prefill, decode, KV and memory of one configuration, with its formulas")
-def estimate(req: s.EstimateRequest) -> s.EstimateResponse:
+async def estimate(req: s.EstimateRequest) -> s.EstimateResponse:
     return s.run_estimate(req)
 
 

@@ -14,20 +14,20 @@ router = APIRouter(prefix="/v1", tags=["database"])
 
 
 @router.get("/gpus", response_model=list[GPUSpec], summary="All GPUs, with datasheet sources")
-def gpus() -> list[GPUSpec]:
+async def gpus() -> list[GPUSpec]:
     return gpu_catalog()
 
 
 @router.get("/gpus/{gpu_id}", response_model=GPUSpec, responses=ERROR_RESPONSES, summary="One GPU")
-def gpu(gpu_id: str) -> GPUSpec:
+async def gpu(gpu_id: str) -> GPUSpec:
     return load_gpu(gpu_id)
 
 
 @router.get("/models", response_model=list[ModelInfo], summary="All models, with parameter counts and sources")
-def models() -> list[ModelInfo]:
+async def models() -> list[ModelInfo]:
     return model_catalog()
 
 
 @router.get("/models/{model_id}", response_model=ModelInfo, responses=ERROR_RESPONSES, summary="One model")
-def model(model_id: str) -> ModelInfo:
+async def model(model_id: str) -> ModelInfo:
     return model_info(load_model(model_id))
