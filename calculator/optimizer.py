@@ -58,11 +58,14 @@ class Candidate(BaseModel):
 
 
 class ParetoPoint(BaseModel):
+    """One configuration at one load: what each GPU produces against what each user sees."""
+
     model_config = ConfigDict(frozen=True)
 
     label: str
     output_tokens_per_s_per_gpu: float
-    tokens_per_s_per_user: float
+    tokens_per_s_per_user: float = Field(description="1 / mean TPOT")
+    meets_slo: bool = Field(description="whether this point meets the plan's TTFT and TPOT targets")
 
 
 class Plan(BaseModel):
@@ -221,8 +224,21 @@ ROUNDING_STEPS = (-1, 0, 1, 2)
 apart); the fewest that meets the SLO at the exact rate wins."""
 
 
+def _grid_points(protos: list[Deployment], rates: np.ndarray, a: ModeArrays, slo: SLO, w: Workload) -> list[tuple]:
+    """(tokens/s per GPU, tokens/s per user, meets SLO, deployment, rate) of every stable grid point."""
+    stable = np.atleast_2d(a.stable)
+    tpot = np.atleast_2d(a.tpot_mean_s)
+    meets = np.atleast_2d(a.meets(slo))
+    out = []
+    for row, d in enumerate(protos):
+        per_gpu = rates * w.osl.mean / d.num_gpus
+        for i in np.flatnonzero(stable[row]):
+            out.append((float(per_gpu[i]), 1.0 / float(tpot[row, i]), bool(meets[row, i]), d, float(rates[i])))
+    return out
+
+
 def _single_pool_candidates(m: ModelSpec, s: _Single, w: Workload, slo: SLO, modes: list[Mode], chunks: np.ndarray,
-                            whole_nodes: bool) -> tuple[list[Candidate], int]:
+                            whole_nodes: bool, points: list[tuple]) -> tuple[list[Candidate], int]:
     """Mixed and chunked candidates on one (GPU, tp, pp): capacity per instance on a rate grid (all
     chunk budgets in one array), then the fewest instances that meet the SLO at the workload's rate
     (all trial counts in one array: one instance at rate / N behaves as N instances at rate)."""
@@ -234,12 +250,16 @@ def _single_pool_candidates(m: ModelSpec, s: _Single, w: Workload, slo: SLO, mod
     groups: list[tuple[list[Deployment], np.ndarray, object]] = []
     if "mixed" in modes:
         d = Deployment(mode="mixed", pool=one)
-        caps = np.array([_capacity(m, d, w, slo, 1.0 / service.mean_s, (s.pm,))])
+        grid = analyse(m, d, w, rates, slo.p, (s.pm,))
+        caps = _largest_meeting(rates, grid.meets(slo))
+        points.extend(_grid_points([d], rates, grid, slo, w))
         groups.append(([d], caps, lambda r: analyse(m, d, w, r[0], slo.p, (s.pm,))))
     if "chunked" in modes:
         with np.errstate(all="ignore"):
-            caps = _largest_meeting(rates, chunked.analyse_budgets(s.pm, w, rates, slo.p, chunks, 1).meets(slo))
+            grid = chunked.analyse_budgets(s.pm, w, rates, slo.p, chunks, 1)
+        caps = _largest_meeting(rates, grid.meets(slo))
         protos = [Deployment(mode="chunked", pool=one, chunk_tokens=int(c)) for c in chunks]
+        points.extend(_grid_points(protos, rates, grid, slo, w))
         groups.append((protos, caps, lambda r: chunked.analyse_budgets(s.pm, w, r, slo.p, chunks, 1)))
     for protos, caps, evaluate_at in groups:
         searched += len(protos)
@@ -310,10 +330,11 @@ def plan(
 
     singles = _singles(m, specs, tps, workload, weight_dtype, kv_dtype)
     cands: list[Candidate] = []
+    points: list[tuple] = []  # Pareto material: every stable (configuration, load) on the rate grids
     searched = 0
     chunks = np.asarray(sorted(set(chunk_sizes)), dtype=float)
     for s in singles:
-        found, n_searched = _single_pool_candidates(m, s, workload, slo, modes, chunks, whole_nodes)
+        found, n_searched = _single_pool_candidates(m, s, workload, slo, modes, chunks, whole_nodes, points)
         cands += found
         searched += n_searched
     if "disaggregated" in modes:
@@ -324,7 +345,7 @@ def plan(
     key = {"gpus": lambda c: (c.num_gpus, c.cost_per_hour), "cost": lambda c: (c.cost_per_hour, c.num_gpus),
            "cost_per_token": lambda c: (c.cost_per_million_tokens, c.num_gpus)}[objective]
     cands.sort(key=key)
-    pareto = _pareto(cands)
+    pareto = _pareto(points, cands)
     if not cands:
         reason, start = _infeasible(m, singles, workload, slo, gpu_ids)
         nearest = None
@@ -438,15 +459,33 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
     return out, searched
 
 
-def _pareto(cands: list[Candidate]) -> tuple[ParetoPoint, ...]:
-    pts = sorted(cands, key=lambda c: -c.tokens_per_s_per_user)
+PARETO_STEP = 1.25
+"""A frontier point is kept when it gives at least 25% more tokens/s per GPU than the previous one."""
+
+
+def _pareto(points: list[tuple], cands: list[Candidate]) -> tuple[ParetoPoint, ...]:
+    """The frontier of output tokens/s per GPU against tokens/s per user over every single-pool
+    configuration at every load on its rate grid, and the disaggregated candidates."""
+    pts = [*points, *((c.output_tokens_per_s_per_gpu, c.tokens_per_s_per_user, True, c.deployment, None)
+                      for c in cands if c.mode == "disaggregated")]
     frontier, best_gpu = [], -1.0
-    for c in pts:
-        if c.output_tokens_per_s_per_gpu > best_gpu:
-            frontier.append(ParetoPoint(label=_describe(c), output_tokens_per_s_per_gpu=c.output_tokens_per_s_per_gpu,
-                                        tokens_per_s_per_user=c.tokens_per_s_per_user))
-            best_gpu = c.output_tokens_per_s_per_gpu
+    for per_gpu, per_user, meets, d, rate in sorted(pts, key=lambda x: (-x[1], -x[0])):
+        if per_gpu > best_gpu * PARETO_STEP:
+            label = _describe_config(d) + (f" at {rate:.3g} req/s per instance" if rate is not None else "")
+            frontier.append(ParetoPoint(label=label, output_tokens_per_s_per_gpu=per_gpu, tokens_per_s_per_user=per_user,
+                                        meets_slo=meets))
+            best_gpu = per_gpu
     return tuple(frontier)
+
+
+def _describe_config(d: Deployment) -> str:
+    if d.mode == "disaggregated":
+        p, q = d.prefill, d.decode
+        return (f"disaggregated {p.instances}x {p.gpu} {_layout(p)} prefill + "  # type: ignore[arg-type, union-attr]
+                f"{q.instances}x {q.gpu} {_layout(q)} decode")  # type: ignore[arg-type, union-attr]
+    p = d.pool
+    extra = f", chunk {d.chunk_tokens}" if d.mode == "chunked" else ""
+    return f"{d.mode} {p.gpu} {_layout(p)}{extra}"  # type: ignore[arg-type, union-attr]
 
 
 def _slo_or_none(ttft_s: float, tpot_s: float, percentile: float) -> SLO | None:

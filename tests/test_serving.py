@@ -244,3 +244,16 @@ def test_plan_works_for_every_catalog_model(model):
     assert p.feasible, p.reason
     assert p.best.num_gpus >= 1 and p.best.ttft_p_s <= 3.0 and p.best.tpot_p_s <= 0.1
     assert p.explain().startswith("Best:")
+
+
+def test_pareto_is_a_frontier_over_configurations_and_loads():
+    w = pc.Workload(rate=12.0, isl=4000, osl=500)
+    p = pc.plan("llama-3.1-70b", workload=w, slo=pc.SLO(ttft_s=2.0, tpot_s=0.05), gpus=["h100-sxm", "h200-sxm"])
+    per_user = [x.tokens_per_s_per_user for x in p.pareto]
+    per_gpu = [x.output_tokens_per_s_per_gpu for x in p.pareto]
+    assert len(p.pareto) >= 5
+    assert per_user == sorted(per_user, reverse=True) and per_gpu == sorted(per_gpu)  # a trade-off curve
+    # no candidate lies strictly above the frontier
+    for c in p.candidates:
+        assert any(x.output_tokens_per_s_per_gpu >= c.output_tokens_per_s_per_gpu / 1.25
+                   and x.tokens_per_s_per_user >= c.tokens_per_s_per_user * 0.999 for x in p.pareto)
