@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Path
 
 from calculator.service import ModelInfo, gpu_catalog, model_catalog, model_info
 from hardware_db.loader import load_gpu, load_model
@@ -19,7 +21,7 @@ async def gpus() -> list[GPUSpec]:
 
 
 @router.get("/gpus/{gpu_id}", response_model=GPUSpec, responses=ERROR_RESPONSES, summary="One GPU")
-async def gpu(gpu_id: str) -> GPUSpec:
+async def gpu(gpu_id: Annotated[str, Path(max_length=64, examples=["h100-sxm"])]) -> GPUSpec:
     return load_gpu(gpu_id)
 
 
@@ -29,5 +31,5 @@ async def models() -> list[ModelInfo]:
 
 
 @router.get("/models/{model_id}", response_model=ModelInfo, responses=ERROR_RESPONSES, summary="One model")
-async def model(model_id: str) -> ModelInfo:
+async def model(model_id: Annotated[str, Path(max_length=64, examples=["llama-3.1-70b"])]) -> ModelInfo:
     return model_info(load_model(model_id))
