@@ -33,6 +33,7 @@ CHUNKS = (256, 512, 1024, 2048, 4096, 8192)
 MAX_GPU_TYPES = 24
 MAX_INSTANCES = 4096
 MAX_PREFILL_INSTANCES = 512
+MAX_POOL_INSTANCES = 10_000  # Pool.instances' upper bound
 MAX_CANDIDATES = 40
 NODE_GPUS = 8
 PIPELINE_STAGES = (2, 4)
@@ -75,6 +76,7 @@ class Plan(BaseModel):
     workload: Workload
     slo: SLO
     objective: Objective
+    modes: tuple[Mode, ...] = ("mixed", "chunked", "disaggregated")
     feasible: bool
     reason: str | None = None
     nearest_feasible_slo: SLO | None = None
@@ -100,7 +102,7 @@ class Plan(BaseModel):
             lines.append(
                 f"Best {mode}: {_describe(other)} needs {other.num_gpus} GPUs (${other.cost_per_hour:,.2f}/h); "
                 f"it is limited by {other.binding}." + _why(other, b))
-        missing = [m for m in ("mixed", "chunked", "disaggregated") if not any(c.mode == m for c in self.candidates)]
+        missing = [m for m in self.modes if not any(c.mode == m for c in self.candidates)]
         if missing:
             lines.append(f"No feasible configuration for: {', '.join(missing)}.")
         return "\n".join(lines)
@@ -355,10 +357,12 @@ def plan(
                                           kv_dtype, kv_link, whole_nodes, _verify_nearest=False).feasible:
                 nearest = trial
                 break
-        return Plan(model=m.id, workload=workload, slo=slo, objective=objective, feasible=False, reason=reason,
+        return Plan(model=m.id, workload=workload, slo=slo, objective=objective, modes=tuple(modes), feasible=False,
+                    reason=reason,
                     nearest_feasible_slo=nearest, searched=searched)
     ranked = _best_of_each_mode_first(cands)
-    return Plan(model=m.id, workload=workload, slo=slo, objective=objective, feasible=True, best=cands[0],
+    return Plan(model=m.id, workload=workload, slo=slo, objective=objective, modes=tuple(modes), feasible=True,
+                best=cands[0],
                 candidates=tuple(ranked[:MAX_CANDIDATES]), pareto=pareto, searched=searched)
 
 
@@ -412,7 +416,9 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
     decode_side: list[tuple[_Single, Pool, float]] = []
     for s in singles:
         one = s.pm.pool.model_copy(update={"instances": 1})
-        d = Deployment(mode="disaggregated", prefill=one, decode=one, kv_link=kv_link)
+        # the decode side alone: a prefill pool too large to queue, so only decode limits this check
+        unbounded = s.pm.pool.model_copy(update={"instances": MAX_POOL_INSTANCES})
+        d = Deployment(mode="disaggregated", prefill=unbounded, decode=one, kv_link=kv_link)
         upper = s.pm.batch_limit(w) / (w.osl.mean * float(s.pm.decode_s(1, w.isl.mean)))
         cap = _capacity(m, d, w.model_copy(update={"rate": 1.0}), relaxed, upper, (s.pm, s.pm))
         n_d = _instances(w.rate, cap)

@@ -234,6 +234,24 @@ def test_heterogeneous_pairs_are_searched():
     assert p.feasible
     pairs = {(c.deployment.prefill.gpu, c.deployment.decode.gpu) for c in p.candidates}
     assert any(a != b for a, b in pairs)
+    assert "No feasible configuration" not in p.explain()  # mixed and chunked were not asked for
+
+
+def test_disaggregated_pools_are_minimal():
+    # each pool of the chosen xPyD is the smallest that meets the SLO: one instance fewer fails it
+    w = pc.Workload(rate=12.0, isl=4000, osl=500)
+    slo = pc.SLO(ttft_s=2.0, tpot_s=0.05)
+    p = pc.plan("llama-3.1-70b", workload=w, slo=slo, gpus=["h100-sxm", "h20"], modes=["disaggregated"],
+                weight_dtype="fp8", objective="cost")
+    d = p.best.deployment
+    assert d.prefill.gpu == "h100-sxm" and d.decode.gpu == "h20"  # compute-rich prefill, cheap bandwidth decode
+    for side in ("prefill", "decode"):
+        pool = getattr(d, side)
+        if pool.instances == 1:
+            continue
+        smaller = d.model_copy(update={side: pool.model_copy(update={"instances": pool.instances - 1})})
+        r = pc.evaluate("llama-3.1-70b", smaller, w, slo)
+        assert not r.stable or r.ttft_s(90) > slo.ttft_s or r.tpot_s(90) > slo.tpot_s
 
 
 @pytest.mark.parametrize("model", pc.list_models())
