@@ -285,20 +285,20 @@ def serve(
 @app.command()
 def validate(
     quick: Annotated[bool, typer.Option(help="reduced grid (under a minute on a 2-core CPU)")] = False,
-    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda (auto: cuda when torch sees one)")] = "auto",
     out_dir: Annotated[Path | None, typer.Option("--out", help="write report.md, points.json, plot.png, "
-                                                              "calibration.yaml here")] = None,
+                                                              "calibration.yaml and hardware.yaml here")] = None,
+    seed: int = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the torch microbenchmark: measure a real transformer, calibrate, report held-out error."""
+    from . import microbench
+    from .microbench.cli import summary
+
+    if device not in ("auto", "cpu", "cuda"):
+        _fail(f"device: choose auto, cpu or cuda, got {device!r}")
     try:
-        from . import microbench
-    except ImportError as e:  # pragma: no cover - the package ships with the microbenchmark
-        _fail(f"microbenchmark unavailable: {e}")
-    if device not in ("cpu", "cuda"):
-        _fail(f"device: choose cpu or cuda, got {device!r}")
-    try:
-        report = microbench.run(quick=quick, device=device, out_dir=out_dir)
+        report = microbench.run(quick=quick, device=device, out_dir=out_dir, seed=seed)
     except microbench.TorchMissingError as e:
         _fail(str(e))
     except (RuntimeError, ValueError) as e:
@@ -306,7 +306,9 @@ def validate(
     if as_json:
         _print_json(report)
         return
-    out.print(microbench.summary(report) if hasattr(microbench, "summary") else report)
+    out.print(summary(report), highlight=False)
+    if out_dir is not None:
+        out.print(f"wrote {out_dir}/report.md, points.json, plot.png, calibration.yaml, hardware.yaml")
 
 
 def main() -> None:

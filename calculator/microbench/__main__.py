@@ -1,0 +1,5 @@
+"""``python -m calculator.microbench``: see ``calculator.microbench.cli``."""
+
+from .cli import main
+
+raise SystemExit(main())

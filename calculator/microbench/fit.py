@@ -1,0 +1,157 @@
+"""Fit the free constants of the step-time model to measured latencies.
+
+The step time ``calculator.phases`` computes is, per point i and operator group g,
+
+    t_i = sum_g max(C_ig / eta_c, M_ig / eta_m) + K_i * tau_k + o
+
+with C and M the group's time at the bare compute and memory ceilings and K the kernel launches of
+the step. ``design`` reads C, M and K off ``phases.step_groups`` run at unit efficiencies (so the
+formulas stay in one place) and ``fit_efficiency`` minimises the sum of squared relative errors:
+(eta_c, eta_m) on a log grid refined twice around the best cell, (tau_k, o) >= 0 for each cell in
+closed form (the step time is linear in them). Predictions for the report go through ``calculator.estimate``
+itself; ``run`` checks that both agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hardware_db.schema import Efficiency, GPUSpec, ModelSpec
+
+from ..estimate import estimate
+from ..phases import Setup, step_groups
+
+UNIT = Efficiency(compute=1.0, memory=1.0, kernel_latency_us=1.0, step_overhead_us=0.0)
+"""Efficiencies at which a group's compute_s and memory_s are the bare ceilings and latency_s counts kernels in us."""
+
+CEILING = Efficiency(compute=1.0, memory=1.0, kernel_latency_us=0.0, step_overhead_us=0.0)
+"""The bare roofline: what the measured ceilings alone predict."""
+
+
+@dataclass(frozen=True)
+class Design:
+    """Per point: group times at the bare ceilings (points x groups) and kernel launches per step."""
+
+    compute_s: np.ndarray
+    memory_s: np.ndarray
+    kernels: np.ndarray
+
+    @staticmethod
+    def concat(parts: list[Design]) -> Design:
+        width = max(p.compute_s.shape[1] for p in parts)
+
+        def pad(a: np.ndarray) -> np.ndarray:
+            return np.pad(a, ((0, 0), (0, width - a.shape[1])))
+
+        return Design(np.concatenate([pad(p.compute_s) for p in parts]), np.concatenate([pad(p.memory_s) for p in parts]),
+                      np.concatenate([p.kernels for p in parts]))
+
+    def take(self, index: np.ndarray) -> Design:
+        return Design(self.compute_s[index], self.memory_s[index], self.kernels[index])
+
+    def predict_s(self, eff: Efficiency) -> np.ndarray:
+        roof = np.maximum(self.compute_s / eff.compute, self.memory_s / eff.memory).sum(axis=1)
+        return roof + self.kernels * eff.kernel_latency_us * 1e-6 + eff.step_overhead_us * 1e-6
+
+
+def design(m: ModelSpec, device: GPUSpec, phase: str, tokens: np.ndarray, batch: np.ndarray, dtype: str) -> Design:
+    """The design rows of a batch of points of one model and phase (prefill: no prefix; decode: S=1, P=tokens)."""
+    setup = Setup(m, device.model_copy(update={"efficiency": UNIT}), weight_dtype=dtype, kv_dtype=dtype)
+    tokens = np.asarray(tokens, dtype=float)
+    batch = np.asarray(batch, dtype=float)
+    if phase == "prefill":
+        groups = step_groups(setup, S=tokens, P=np.zeros_like(tokens), b=batch, phase="prefill")
+    else:
+        groups = step_groups(setup, S=np.ones_like(tokens), P=tokens, b=batch, phase="decode")
+    shape = np.broadcast(tokens, batch).shape
+    if any(np.any(g.bound == "communication") for g in groups):
+        raise ValueError("design: the benchmark runs one device; communication groups are not expected")
+    return Design(
+        np.stack([np.broadcast_to(g.compute_s, shape) for g in groups], axis=1),
+        np.stack([np.broadcast_to(g.memory_s, shape) for g in groups], axis=1),
+        np.broadcast_to(np.rint(sum(g.latency_s for g in groups) / 1e-6), shape).astype(float),  # kernel count
+    )
+
+
+@dataclass(frozen=True)
+class Fit:
+    efficiency: Efficiency
+    rms_rel_error: float
+
+
+def _overheads(roof: np.ndarray, kernels: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per cell (row of ``roof``): (tau_s, o_s) >= 0 minimising sum((roof + K tau + o) / y - 1)^2, and that sum.
+
+    The 2x2 weighted normal equations are solved in closed form; where their solution leaves the
+    feasible quadrant, the better of the two edges (tau = 0 or o = 0) and the corner is taken.
+    """
+    a, c = kernels / y, 1.0 / y  # (points,)
+    z = 1.0 - roof / y  # (cells, points)
+    saa, sac, scc = a @ a, a @ c, c @ c
+    saz, scz = z @ a, z @ c
+
+    def objective(tau: np.ndarray, o: np.ndarray) -> np.ndarray:
+        r = a[None, :] * tau[:, None] + c[None, :] * o[:, None] - z
+        return (r * r).sum(axis=1)
+
+    zero = np.zeros(z.shape[0])
+    cands = [(zero, zero), (np.maximum(saz / saa, 0.0) if saa > 0 else zero, zero),
+             (zero, np.maximum(scz / scc, 0.0) if scc > 0 else zero)]
+    det = saa * scc - sac * sac
+    singular = det <= 1e-12 * saa * scc  # one kernel count for every point: tau and o are not separable
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tau_u, o_u = (scc * saz - sac * scz) / det, (saa * scz - sac * saz) / det
+    ok = (not singular) & (tau_u >= 0) & (o_u >= 0)
+    cands.append((np.where(ok, tau_u, 0.0), np.where(ok, o_u, 0.0)))
+    best_tau, best_o, best = zero, zero, np.full(z.shape[0], np.inf)
+    for tau, o in cands:
+        val = objective(tau, o)
+        better = val < best
+        best_tau, best_o, best = np.where(better, tau, best_tau), np.where(better, o, best_o), np.minimum(val, best)
+    return best_tau, best_o, best
+
+
+def fit_efficiency(d: Design, measured_s: np.ndarray, cells: int = 48, passes: int = 5,
+                   fitted_on: str | None = None) -> Fit:
+    """The (eta_c, eta_m, kernel latency, step overhead) minimising sum (pred/meas - 1)^2; eta in (0, 1].
+
+    (eta_c, eta_m): a log grid over [1e-3, 1]^2, refined ``passes - 1`` times around the best cell; for each cell the
+    non-negative (kernel latency, step overhead) are the closed-form least-squares solution.
+    """
+    y = np.asarray(measured_s, dtype=float)
+    if y.shape != d.kernels.shape or np.any(y <= 0):
+        raise ValueError("measured_s: one positive time per design row")
+    lo_c, hi_c, lo_m, hi_m = np.log(1e-3), 0.0, np.log(1e-3), 0.0
+    best = (np.inf, 1.0, 1.0, 0.0, 0.0)
+    for _ in range(passes):
+        ec, em = np.meshgrid(np.exp(np.linspace(lo_c, hi_c, cells)), np.exp(np.linspace(lo_m, hi_m, cells)), indexing="ij")
+        ec, em = ec.ravel(), em.ravel()
+        roof = np.maximum(d.compute_s[None] / ec[:, None, None], d.memory_s[None] / em[:, None, None]).sum(axis=2)
+        tau, o, val = _overheads(roof, d.kernels, y)
+        k = int(np.argmin(val))
+        if val[k] < best[0]:
+            best = (float(val[k]), float(ec[k]), float(em[k]), float(tau[k]), float(o[k]))
+        step_c, step_m = (hi_c - lo_c) / (cells - 1), (hi_m - lo_m) / (cells - 1)
+        lc, lm = np.log(best[1]), np.log(best[2])
+        lo_c, hi_c = lc - 2 * step_c, min(lc + 2 * step_c, 0.0)
+        lo_m, hi_m = lm - 2 * step_m, min(lm + 2 * step_m, 0.0)
+    _, eta_c, eta_m, tau_s, o_s = best
+    eff = Efficiency(compute=min(eta_c, 1.0), memory=min(eta_m, 1.0), kernel_latency_us=tau_s * 1e6,
+                     step_overhead_us=o_s * 1e6, fitted_on=fitted_on)
+    rel = d.predict_s(eff) / y - 1.0
+    return Fit(eff, float(np.sqrt(np.mean(rel * rel))))
+
+
+def predict_point_s(m: ModelSpec, device: GPUSpec, phase: str, tokens: int, batch: int, dtype: str,
+                    eff: Efficiency) -> tuple[float, str]:
+    """Predicted seconds and bound of one point through ``calculator.estimate`` (decode: its first step)."""
+    e = estimate(m, device, isl=tokens, osl=1, batch=batch, weight_dtype=dtype, kv_dtype=dtype,  # type: ignore[arg-type]
+                 calibration=eff, rows=False)
+    if not e.fits:
+        raise ValueError(f"{m.id} batch {batch} x {tokens} tokens does not fit the device's memory: {e.reason}")
+    if phase == "prefill":
+        return float(e.prefill_s), str(e.prefill_bound)  # type: ignore[arg-type]
+    # osl=1: the mean decode context is isl + 1, so decode_bound is the first step's bound too
+    return float(e.decode_first_step_s), str(e.decode_bound)  # type: ignore[arg-type]

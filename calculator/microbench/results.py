@@ -1,0 +1,206 @@
+"""Result records of the microbenchmark: frozen pydantic models the CLI, the API and the report share.
+
+Nothing here needs torch: a saved ``points.json`` loads back with ``ValidationReport.model_validate_json``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hardware_db.schema import Efficiency, GPUSpec, ModelSpec
+
+Phase = Literal["prefill", "decode"]
+Split = Literal["fit", "held_out"]
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class MatmulSample(_Out):
+    """One square matmul ``n x n @ n x n`` timed on the device: 2 n^3 FLOP per call."""
+
+    dtype: str
+    n: int
+    time_s: float = Field(description="median of the timed repeats")
+    flops_per_s: float
+
+
+class Ceilings(_Out):
+    """The two roofline ceilings measured on the device, and what they were measured with."""
+
+    device: Literal["cpu", "cuda"]
+    device_name: str = Field(description="CPU model name from /proc/cpuinfo, or the CUDA device name")
+    device_details: str = Field(default="", description="CPU count, cache and ISA flags; or the GPU's SMs")
+    threads: int = Field(description="torch intra-op threads (CPU); 0 on CUDA")
+    dtype: str = Field(description="precision the benchmark models run in (bf16, else fp16)")
+    matmul: tuple[MatmulSample, ...]
+    matmul_flops_per_s: float = Field(description="best achieved matmul rate in ``dtype`` over the sizes")
+    copy_bytes: int = Field(description="size of the copied buffer; traffic counts it read and written")
+    copy_time_s: float
+    memory_bytes_per_s: float = Field(description="2 x copy_bytes / copy_time_s")
+    memory_total_bytes: float = Field(description="RAM (CPU) or device memory (CUDA)")
+
+
+def sweep_time_s(sweeps_s: tuple[tuple[float, ...], ...]) -> float:
+    """A point's time: the median of its repeats in the least disturbed of the grid sweeps."""
+    return min(statistics.median(s) for s in sweeps_s)
+
+
+class Measurement(_Out):
+    """One timed grid point before it is predicted (``Point`` adds the predictions)."""
+
+    model: str
+    phase: Phase
+    batch: int
+    tokens: int
+    grid_index: tuple[int, int] = Field(description="(tokens index, batch index) in the model's grid")
+    sweeps_s: tuple[tuple[float, ...], ...] = Field(description="the timed repeats of each sweep over the grid")
+
+    @property
+    def measured_s(self) -> float:
+        return sweep_time_s(self.sweeps_s)
+
+
+class Point(_Out):
+    """One measured latency and what the closed-form model predicts for it.
+
+    Prefill: ``batch`` prompts of ``tokens`` tokens, no prefix. Decode: one step of ``batch`` sequences
+    that each hold ``tokens`` cached tokens before the step (estimate's first decode step of isl=tokens).
+    """
+
+    model: str
+    phase: Phase
+    batch: int
+    tokens: int
+    grid_index: tuple[int, int] = Field(description="(tokens index, batch index) in the model's grid")
+    split: Split = Field(description="fit: used to fit the constants; held_out: only evaluated")
+    measured_s: float = Field(description="median of the timed repeats, in the least disturbed sweep")
+    sweeps_s: tuple[tuple[float, ...], ...] = Field(description="the timed repeats of each sweep over the grid")
+    predicted_s: float = Field(description="calculator.estimate with the fitted calibration")
+    ceiling_s: float = Field(description="calculator.estimate at the bare ceilings: efficiencies 1, no latencies")
+    bound: str = Field(description="what bounds the calibrated prediction (estimate's phase bound)")
+
+    @property
+    def rel_error(self) -> float:
+        """predicted / measured - 1."""
+        return self.predicted_s / self.measured_s - 1.0
+
+    @property
+    def label(self) -> str:
+        what = f"{self.tokens}-token prompt" if self.phase == "prefill" else f"step at context {self.tokens}"
+        return f"{self.model} {self.phase} batch {self.batch}, {what}"
+
+
+class KVCheck(_Out):
+    """KV bytes a transformers cache object holds after a prefill, against ``calculator.kv_cache_bytes``."""
+
+    model: str
+    cache: str = Field(description="transformers cache class")
+    batch: int
+    tokens: int
+    measured_bytes: int = Field(description="sum of numel x element_size of the key and value tensors held")
+    predicted_bytes: int = Field(description="batch x calculator.kv_cache_bytes(model, tokens, dtype)")
+    convention_offset_bytes: int = Field(
+        default=0,
+        description="measured - predicted that the cache's own convention explains (0 unless noted)",
+    )
+    note: str = ""
+
+    @property
+    def exact(self) -> bool:
+        """Measured equals predicted (plus the documented convention offset) to the byte."""
+        return self.measured_bytes == self.predicted_bytes + self.convention_offset_bytes
+
+
+class ParamCheck(_Out):
+    """Parameters of the transformers model built from a ModelSpec, against ``ModelSpec.param_count()``."""
+
+    model: str
+    hf_params: int = Field(description="sum of numel over the transformers model's parameters")
+    predicted_params: int
+
+    @property
+    def exact(self) -> bool:
+        return self.hf_params == self.predicted_params
+
+
+class PhaseError(_Out):
+    """Absolute relative error |predicted / measured - 1| of one phase over one subset of the points."""
+
+    phase: Phase
+    subset: Literal["held_out", "fit", "all_at_ceilings"]
+    n: int
+    median_abs_rel_error: float
+    max_abs_rel_error: float
+    worst: str = Field(description="the point with the largest error")
+    worst_predicted_s: float
+    worst_measured_s: float
+    reason: str = Field(description="why the model is off there, where a reason is known")
+
+
+class Stalls(_Out):
+    """What the stall guard saw (CPU): how long it waited for the machine, and what it measured again."""
+
+    probe_baseline_s: float = Field(description="best time of the probe matmul (512^3, bf16)")
+    waited_s: float
+    remeasured: int = Field(description="points or ceilings timed again after a stall")
+    unstable: int = Field(description="median still over 1.3x the fastest repeat after the retries")
+    timeouts: int = Field(description="waits for the probe to recover that gave up")
+
+    @property
+    def busy(self) -> bool:
+        """The machine did not settle: another process was competing for the cores, the numbers are unreliable."""
+        return self.timeouts > 0 or self.unstable > 0
+
+    @property
+    def summary(self) -> str:
+        return (f"stall guard: waited {self.waited_s:.1f} s in total for a probe matmul to come back within 1.3x of "
+                f"its best ({self.probe_baseline_s * 1e3:.2f} ms); {self.remeasured} measurements taken again, "
+                f"{self.unstable} still unsteady (median over 1.3x the fastest repeat), {self.timeouts} waits gave up"
+                + ("; THE MACHINE WAS BUSY: rerun on an idle machine" if self.busy else ""))
+
+
+class FitResult(_Out):
+    """The fitted constants and how well they fit the points they were fitted to."""
+
+    efficiency: Efficiency
+    n_points: int
+    rms_rel_error: float = Field(description="root-mean-square of predicted / measured - 1 on the fit half")
+    method: str
+
+
+class ValidationReport(_Out):
+    """Everything one microbenchmark run measured, fitted and predicted."""
+
+    date: str
+    quick: bool
+    seed: int
+    wall_s: float
+    versions: dict[str, str] = Field(description="python, torch, transformers, pdplan")
+    ceilings: Ceilings
+    device_spec: GPUSpec = Field(description="the measured device as a GPUSpec, with the fitted efficiency")
+    models: tuple[ModelSpec, ...]
+    points: tuple[Point, ...]
+    kv_checks: tuple[KVCheck, ...]
+    param_checks: tuple[ParamCheck, ...]
+    fit: FitResult
+    errors: tuple[PhaseError, ...]
+    stalls: Stalls | None = Field(default=None, description="CPU only")
+    notes: tuple[str, ...] = ()
+
+    @property
+    def efficiency(self) -> Efficiency:
+        return self.fit.efficiency
+
+    def error(self, phase: Phase, subset: str = "held_out") -> PhaseError:
+        return next(e for e in self.errors if e.phase == phase and e.subset == subset)
+
+    def points_of(self, phase: Phase | None = None, split: Split | None = None) -> list[Point]:
+        return [p for p in self.points if (phase is None or p.phase == phase) and (split is None or p.split == split)]
+
+    def median_abs_rel_error(self, phase: Phase, split: Split = "held_out") -> float:
+        return statistics.median(abs(p.rel_error) for p in self.points_of(phase, split))
