@@ -119,14 +119,7 @@ def _why(other: Candidate, best: Candidate) -> str:
 
 
 def _describe(c: Candidate) -> str:
-    d = c.deployment
-    if d.mode == "disaggregated":
-        p, q = d.prefill, d.decode
-        return (f"disaggregated {p.instances}x {p.gpu} {_layout(p)} prefill + "  # type: ignore[arg-type, union-attr]
-                f"{q.instances}x {q.gpu} {_layout(q)} decode")  # type: ignore[arg-type, union-attr]
-    p = d.pool
-    extra = f", chunk {d.chunk_tokens}" if d.mode == "chunked" else ""
-    return f"{d.mode} {p.instances}x {p.gpu} {_layout(p)}{extra}"  # type: ignore[arg-type, union-attr]
+    return _describe_config(c.deployment, instances=True)
 
 
 def _layout(p: Pool) -> str:
@@ -484,14 +477,15 @@ def _pareto(points: list[tuple], cands: list[Candidate]) -> tuple[ParetoPoint, .
     return tuple(frontier)
 
 
-def _describe_config(d: Deployment) -> str:
+def _describe_config(d: Deployment, instances: bool = False) -> str:
+    """'mixed 3x h100-sxm tp4', 'chunked h200-sxm tp2, chunk 512', 'disaggregated ... prefill + ... decode'."""
+    def pool(p: Pool) -> str:
+        return (f"{p.instances}x " if instances or d.mode == "disaggregated" else "") + f"{p.gpu} {_layout(p)}"
+
     if d.mode == "disaggregated":
-        p, q = d.prefill, d.decode
-        return (f"disaggregated {p.instances}x {p.gpu} {_layout(p)} prefill + "  # type: ignore[arg-type, union-attr]
-                f"{q.instances}x {q.gpu} {_layout(q)} decode")  # type: ignore[arg-type, union-attr]
-    p = d.pool
+        return f"disaggregated {pool(d.prefill)} prefill + {pool(d.decode)} decode"  # type: ignore[arg-type]
     extra = f", chunk {d.chunk_tokens}" if d.mode == "chunked" else ""
-    return f"{d.mode} {p.gpu} {_layout(p)}{extra}"  # type: ignore[arg-type, union-attr]
+    return f"{d.mode} {pool(d.pool)}{extra}"  # type: ignore[arg-type]
 
 
 def _slo_or_none(ttft_s: float, tpot_s: float, percentile: float) -> SLO | None:
