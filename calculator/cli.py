@@ -14,6 +14,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from hardware_db.loader import UnknownIdError
@@ -50,7 +51,7 @@ def parse_duration(text: str, name: str) -> float:
 
 
 def _fail(message: str) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -194,7 +195,7 @@ def estimate(
             f"{e.weight_dtype} weights, {e.kv_dtype} KV")
     t = Table(title=head, show_header=False)
     if not e.fits:
-        t.add_row("fits", f"[red]no[/]: {e.reason}")
+        t.add_row("fits", f"[red]no[/]: {escape(e.reason or '')}")
     else:
         t.add_row("TTFT (prefill)", f"{_ms(e.ttft_s)}  ({e.prefill_bound}-bound)")
         t.add_row("TPOT (decode step)", f"{_ms(e.tpot_s)}  ({e.decode_bound}-bound)")
@@ -247,7 +248,7 @@ def plan(
     if as_json:
         _print_json(r)
         return
-    out.print(r.explanation, highlight=False)
+    out.print(escape(r.explanation), highlight=False)
     if not r.plan.feasible:
         if r.plan.nearest_feasible_slo is not None:
             n = r.plan.nearest_feasible_slo
@@ -306,7 +307,7 @@ def validate(
     if as_json:
         _print_json(report)
         return
-    out.print(summary(report), highlight=False)
+    out.print(escape(summary(report)), highlight=False)
     if out_dir is not None:
         out.print(f"wrote {out_dir}/report.md, points.json, plot.png, calibration.yaml, hardware.yaml")
 

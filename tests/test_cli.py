@@ -77,3 +77,19 @@ def test_errors_are_one_line_and_exit_2(args, message):
     assert r.exit_code == 2
     assert message in r.output
     assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_validate_without_torch_says_how_to_install(monkeypatch):
+    import calculator.microbench as mb
+
+    def missing(**_kwargs):
+        raise mb.TorchMissingError(f"torch and transformers are needed: {mb.INSTALL_HINT}")
+
+    monkeypatch.setattr(mb, "run", missing)
+    r = runner.invoke(app, ["validate", "--quick"])
+    assert r.exit_code == 2 and "pip install 'pdplan[bench]'" in r.output and "Traceback" not in r.output
+
+
+def test_validate_rejects_an_unknown_device():
+    r = runner.invoke(app, ["validate", "--device", "tpu"])
+    assert r.exit_code == 2 and "device: choose auto, cpu or cuda" in r.output
