@@ -3,21 +3,30 @@
 from hardware_db import (
     Efficiency,
     GPUSpec,
-    HardwareDBError,
     ModelSpec,
-    UnknownIdError,
     list_gpus,
     list_models,
     load_gpu,
     load_model,
 )
 
+from .budget import deadline
+from .errors import (
+    Cancelled,
+    DeadlineExceeded,
+    HardwareDBError,
+    InputError,
+    PdplanError,
+    UnknownIdError,
+    UnstableError,
+)
 from .estimate import Estimate, MemoryBreakdown, OpRow, estimate
 from .formulas import FORMULAS, Formula
 from .hf_config import model_from_hf_config
 from .kv_cache import kv_bytes_per_token, kv_cache_bytes
 
 __all__ = [
+    "Cancelled", "DeadlineExceeded", "InputError", "PdplanError", "UnstableError", "deadline",
     "FORMULAS", "Efficiency", "Estimate", "Formula", "GPUSpec", "HardwareDBError", "MemoryBreakdown", "ModelSpec",
     "OpRow", "UnknownIdError", "estimate", "kv_bytes_per_token", "kv_cache_bytes", "list_gpus", "list_models",
     "load_gpu", "load_model", "model_from_hf_config",

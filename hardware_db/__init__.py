@@ -1,9 +1,8 @@
 """pdplan's hardware and model database: YAML data, its pydantic schema and the loader."""
 
+from .errors import HardwareDBError, InputError, PdplanError, UnknownIdError
 from .loader import (
     ENV_VAR,
-    HardwareDBError,
-    UnknownIdError,
     database,
     list_gpus,
     list_models,
@@ -14,6 +13,6 @@ from .loader import (
 from .schema import Efficiency, GPUSpec, MLASpec, ModelSpec, MoESpec, PeakTflops
 
 __all__ = [
-    "ENV_VAR", "Efficiency", "GPUSpec", "HardwareDBError", "MLASpec", "ModelSpec", "MoESpec", "PeakTflops",
+    "ENV_VAR", "Efficiency", "GPUSpec", "HardwareDBError", "InputError", "MLASpec", "ModelSpec", "MoESpec", "PdplanError", "PeakTflops",
     "UnknownIdError", "database", "list_gpus", "list_models", "load_gpu", "load_model", "validate_file",
 ]

@@ -6,7 +6,6 @@ variable. Its entries replace bundled ones with the same id and add new ones.
 
 from __future__ import annotations
 
-import difflib
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -15,29 +14,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from .errors import HardwareDBError, UnknownIdError
 from .schema import GPUFile, GPUSpec, ModelFile, ModelSpec, UserFile
 
 DATA_DIR = Path(__file__).parent / "data"
 GPU_FILE = DATA_DIR / "gpus.yaml"
 MODEL_FILE = DATA_DIR / "models.yaml"
 ENV_VAR = "PDPLAN_HARDWARE_DB"
-
-
-class HardwareDBError(ValueError):
-    """Bad data in a hardware file; the message names the file, the entry and the field."""
-
-
-class UnknownIdError(KeyError):
-    """An id that is not in the database; the message names the closest known ids."""
-
-    def __init__(self, kind: str, wanted: str, known: list[str]):
-        self.kind, self.wanted, self.known = kind, wanted, known
-        self.closest = difflib.get_close_matches(wanted.lower(), known, n=3, cutoff=0.4)
-        super().__init__(str(self))
-
-    def __str__(self) -> str:
-        hint = f"; closest: {', '.join(self.closest)}" if self.closest else f"; known: {', '.join(self.known[:12])}..."
-        return f"unknown {self.kind} id {self.wanted!r}{hint}"
 
 
 def _read(path: Path) -> Any:

@@ -1,0 +1,41 @@
+"""Reading a user's file safely: a regular file only (never a FIFO, device or socket, which could
+block or never end), bounded in size, UTF-8 text (a byte-order mark is accepted), and every
+failure an ``InputError`` naming the file and the argument it came from."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from .errors import InputError
+
+
+def read_text_file(path: str | os.PathLike[str], field: str, max_bytes: int) -> str:
+    """The text of ``path`` (at most ``max_bytes``), or ``InputError(field, ...)`` saying why not."""
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise InputError(field, f"{p}: no such file") from None
+    except OSError as e:
+        raise InputError(field, f"{p}: cannot read ({e.strerror or e})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(field, f"{p}: is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(field, f"{p}: not a regular file (a pipe, device or socket is not read)")
+    if st.st_size > max_bytes:
+        raise InputError(field, f"{p}: {st.st_size:,} bytes, more than the {max_bytes:,} allowed")
+    try:
+        with open(p, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as e:
+        raise InputError(field, f"{p}: cannot read ({e.strerror or e})") from None
+    if len(data) > max_bytes:
+        raise InputError(field, f"{p}: more than the {max_bytes:,} bytes allowed")
+    if b"\x00" in data:
+        raise InputError(field, f"{p}: a binary file (it holds NUL bytes), not UTF-8 text")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(field, f"{p}: not UTF-8 text (invalid byte at offset {e.start})") from None
