@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-MAX_BODY_BYTES = 1_000_000
+from calculator.limits import MAX_BODY_BYTES
 
 
 class BodySizeLimit:

@@ -22,6 +22,7 @@ from hardware_db.loader import list_gpus, load_gpu, load_model
 from hardware_db.schema import GPUSpec, KVDtype, ModelSpec, WeightDtype
 
 from .kv_cache import kv_cache_bytes
+from .limits import MAX_GPU_TYPES
 from .serving import analyse, chunked
 from .serving.base import Deployment, Mode, ModeArrays, Pool, PoolModel, PrefillService, queue_wait, rate_grid
 from .serving.disaggregated import kv_move_s
@@ -30,7 +31,6 @@ from .serving.workload import SLO, Workload
 Objective = Literal["gpus", "cost", "cost_per_token"]
 TPS = (1, 2, 4, 8)
 CHUNKS = (256, 512, 1024, 2048, 4096, 8192)
-MAX_GPU_TYPES = 24
 MAX_INSTANCES = 4096
 MAX_PREFILL_INSTANCES = 512
 MAX_POOL_INSTANCES = 10_000  # Pool.instances' upper bound

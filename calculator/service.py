@@ -24,15 +24,20 @@ from .estimate import Estimate, estimate
 from .formulas import FORMULAS
 from .hf_config import model_from_hf_config
 from .kv_cache import kv_bytes_per_gpu, kv_bytes_per_token, kv_cache_bytes
-from .optimizer import CHUNKS, MAX_GPU_TYPES, TPS, Objective, Plan, plan
+from .limits import (
+    MAX_BATCH,
+    MAX_CHUNK_BUDGETS,
+    MAX_GPU_TYPES,
+    MAX_HF_CONFIG_KEYS,
+    MAX_PARALLEL,
+    MAX_PLAN_SWEEP_POINTS,
+    MAX_SWEEP_POINTS,
+    MAX_TOKENS,
+)
+from .optimizer import CHUNKS, TPS, Objective, Plan, plan
 from .serving import SLO, Deployment, Evaluation, Workload, evaluate
 from .serving.base import Mode
 
-MAX_SWEEP_POINTS = 64
-MAX_PLAN_SWEEP_POINTS = 12
-MAX_HF_CONFIG_KEYS = 400
-MAX_TOKENS = 10_000_000
-MAX_BATCH = 65_536
 
 ESTIMATE_SWEEPABLE = ("isl", "osl", "batch", "tp", "pp", "prefix_hit", "gpu_memory_utilisation")
 PLAN_SWEEPABLE = ("rate", "isl", "osl", "prefix_hit", "ttft_s", "tpot_s")
@@ -136,7 +141,7 @@ class KVRequest(_Request):
     kv_dtype: KVDtype = "bf16"
     context_tokens: Tokens = Field(default=4096, description="tokens held per request (prompt + generated)")
     batch: int = Field(default=1, ge=1, le=MAX_BATCH, description="concurrent requests")
-    tp: int = Field(default=1, ge=1, le=64, description="tensor-parallel degree (KV heads split across GPUs)")
+    tp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="tensor-parallel degree (KV heads split across GPUs)")
 
 
 class FormulaInfo(BaseModel):
@@ -188,9 +193,9 @@ class EstimateRequest(_Request):
 
     model: ModelRef
     gpu: GPURef
-    tp: int = Field(default=1, ge=1, le=64)
-    pp: int = Field(default=1, ge=1, le=64)
-    ep: int = Field(default=1, ge=1, le=64, description="expert parallelism inside the tp group (MoE)")
+    tp: int = Field(default=1, ge=1, le=MAX_PARALLEL)
+    pp: int = Field(default=1, ge=1, le=MAX_PARALLEL)
+    ep: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="expert parallelism inside the tp group (MoE)")
     isl: Tokens = 1024
     osl: Tokens = 256
     batch: int = Field(default=1, ge=1, le=MAX_BATCH)
@@ -238,7 +243,7 @@ class PlanRequest(_Request):
     modes: list[Mode] | None = Field(default=None, min_length=1, max_length=3)
     objective: Objective = "gpus"
     tps: list[Literal[1, 2, 4, 8, 16]] = Field(default=list(TPS), min_length=1, max_length=5)
-    chunk_sizes: list[Annotated[int, Field(ge=64, le=65_536)]] = Field(default=list(CHUNKS), min_length=1, max_length=8)
+    chunk_sizes: list[Annotated[int, Field(ge=64, le=65_536)]] = Field(default=list(CHUNKS), min_length=1, max_length=MAX_CHUNK_BUDGETS)
     weight_dtype: WeightDtype = "bf16"
     kv_dtype: KVDtype = "bf16"
     kv_link: Literal["scaleout", "scaleup"] = "scaleout"

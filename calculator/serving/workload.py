@@ -9,7 +9,8 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-MAX_SAMPLES = 10_000
+from ..limits import MAX_SAMPLES
+
 QUADRATURE_POINTS = 16
 
 
