@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 from functools import lru_cache
 from importlib import metadata
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
-from hardware_db.loader import database, load_gpu, load_model
+from hardware_db.loader import ENV_VAR, database, load_gpu, load_model
 from hardware_db.schema import Efficiency, GPUSpec, KVDtype, ModelSpec, WeightDtype
 
 from .estimate import Estimate, estimate
@@ -57,8 +58,37 @@ class HFConfig(_Request):
 
 ModelId = Annotated[str, Field(min_length=1, max_length=64, description="a model id from GET /v1/models")]
 GpuId = Annotated[str, Field(min_length=1, max_length=64, description="a GPU id from GET /v1/gpus")]
-ModelRef = ModelId | ModelSpec | HFConfig
-GPURef = GpuId | GPUSpec
+
+
+def _model_kind(v: Any) -> str | None:
+    """Which form a model reference takes: an id (a string), a config.json (an object holding
+    ``hf_config``) or an inline ModelSpec (any other object). Picking the form first means an invalid
+    reference gets the errors of that form alone, not one list per form of the union."""
+    if isinstance(v, str):
+        return "~id"
+    if isinstance(v, HFConfig) or (isinstance(v, dict) and "hf_config" in v):
+        return "~hf_config"
+    return "~spec" if isinstance(v, (dict, ModelSpec)) else None
+
+
+def _gpu_kind(v: Any) -> str | None:
+    if isinstance(v, str):
+        return "~id"
+    return "~spec" if isinstance(v, (dict, GPUSpec)) else None
+
+
+# Union tags start with '~' so that error locations can drop them (api/errors.py): the user's path
+# is ["body", "model", "num_layers"], not ["body", "model", "ModelSpec", "num_layers"].
+ModelRef = Annotated[
+    Annotated[ModelId, Tag("~id")] | Annotated[ModelSpec, Tag("~spec")] | Annotated[HFConfig, Tag("~hf_config")],
+    Discriminator(_model_kind, custom_error_type="model_ref",
+                  custom_error_message="a model is an id string, an inline ModelSpec object or {\"hf_config\": {...}}"),
+]
+GPURef = Annotated[
+    Annotated[GpuId, Tag("~id")] | Annotated[GPUSpec, Tag("~spec")],
+    Discriminator(_gpu_kind, custom_error_type="gpu_ref",
+                  custom_error_message="a GPU is an id string or an inline GPUSpec object"),
+]
 Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
 
 
@@ -118,8 +148,25 @@ class VersionInfo(BaseModel):
     python: str
 
 
-@lru_cache(maxsize=1)
 def version_info() -> VersionInfo:
+    """Package and database identity; recomputed when the user's hardware file changes."""
+    return _version_info(_database_stamp())
+
+
+def _database_stamp() -> tuple[str, int, int] | None:
+    """(path, mtime_ns, size) of the user's hardware file, None without one; it keys the cache."""
+    path = os.environ.get(ENV_VAR)
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (path, -1, -1)
+    return (path, st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=8)
+def _version_info(stamp: tuple[str, int, int] | None) -> VersionInfo:
     gpus, models = database()
     body = json.dumps({"gpus": [g.model_dump(mode="json") for g in gpus.values()],
                        "models": [m.model_dump(mode="json") for m in models.values()]}, sort_keys=True)

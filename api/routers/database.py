@@ -10,9 +10,10 @@ from calculator.service import ModelInfo, gpu_catalog, model_catalog, model_info
 from hardware_db.loader import load_gpu, load_model
 from hardware_db.schema import GPUSpec
 
-from ..errors import ERROR_RESPONSES
+from ..errors import ERROR_RESPONSES, Detail
 
-router = APIRouter(prefix="/v1", tags=["database"])
+router = APIRouter(prefix="/v1", tags=["database"], responses={
+    503: {"model": Detail, "description": "the hardware database cannot be read"}})
 
 
 @router.get("/gpus", response_model=list[GPUSpec], summary="All GPUs, with datasheet sources")
