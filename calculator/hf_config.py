@@ -82,7 +82,9 @@ def _show(value: Any) -> str:
     if isinstance(value, int):
         if abs(value) < 10**15:
             return f"{value:,}"
-        return f"{float(value):.3g}" if value.bit_length() < 1000 else f"an integer of {value.bit_length():,} bits"
+        if value.bit_length() < 1000:
+            return f"{float(value):.3g}"
+        return f"an integer of {value.bit_length():,} bits"  # str() itself refuses past 4300 digits
     if isinstance(value, float):
         return repr(value)
     if isinstance(value, str):
@@ -91,7 +93,7 @@ def _show(value: Any) -> str:
         return f"a list of {len(value):,} item" + ("" if len(value) == 1 else "s")
     if isinstance(value, Mapping):
         return "an object"
-    return f"a {type(value).__name__}"
+    return f"a value of type {type(value).__name__}"
 
 
 def _as_int(value: Any, where: str, bounds: tuple[int, int]) -> int:
@@ -112,7 +114,8 @@ def _as_int(value: Any, where: str, bounds: tuple[int, int]) -> int:
     return value
 
 
-def _int(cfg: Mapping[str, Any], path: str, key: str, bounds: tuple[int, int], default: Any = _REQUIRED) -> int:
+def _int(cfg: Mapping[str, Any], path: str, key: str, bounds: tuple[int, int], default: Any = _REQUIRED,
+         ) -> int:
     """Integer ``cfg[key]`` within ``bounds``; null or absent gives ``default`` (an error when required)."""
     value = cfg.get(key)
     if value is None:
@@ -152,7 +155,7 @@ def _object(value: Any, where: str) -> Mapping[str, Any]:
 
 
 def _read(source: Any, field: str) -> Mapping[str, Any]:
-    """The config object: ``source`` itself, or the JSON object in that file (or in ``source/config.json``)."""
+    """The config object: ``source`` itself, or the JSON object in that file (or in source/config.json)."""
     if isinstance(source, Mapping):
         return _object(source, field)
     if not isinstance(source, (str, os.PathLike)):
@@ -191,7 +194,8 @@ def _count_sliding(types: Any, where: str, layers: int) -> int:
     if not isinstance(types, (list, tuple)):
         raise InputError(where, f"must be a list of strings, got {_show(types)}")
     if len(types) != layers:
-        raise InputError(where, f"must have one entry per layer (num_hidden_layers = {layers:,}), got {len(types):,}")
+        raise InputError(where, f"must have one entry per layer (num_hidden_layers = {layers:,}), "
+                                f"got {len(types):,}")
     n = 0
     for i, t in enumerate(types):
         if not isinstance(t, str):
@@ -261,17 +265,20 @@ def model_from_hf_config(
         raise InputError(f"{field}.model_type", f"must be a string such as 'llama', got {_show(family)}")
     cfg, path = outer, field
     if family == "gemma3":  # multimodal wrapper: the decoder lives in text_config
+        path, family = f"{field}.text_config", "gemma3_text"
         if outer.get("text_config") is None:
-            raise InputError(f"{field}.text_config", "required for model_type 'gemma3' (it holds the decoder)")
-        cfg, path, family = _object(outer["text_config"], f"{field}.text_config"), f"{field}.text_config", "gemma3_text"
+            raise InputError(path, "required for model_type 'gemma3' (it holds the decoder)")
+        cfg = _object(outer["text_config"], path)
     if family not in SUPPORTED_FAMILIES:
         shown = repr(family[:40]) if family else "(missing)"
-        raise InputError(field, f"model_type {shown} is not supported; supported: {', '.join(SUPPORTED_FAMILIES)}")
+        supported = ", ".join(SUPPORTED_FAMILIES)
+        raise InputError(field, f"model_type {shown} is not supported; supported: {supported}")
     spec, origin = _spec_fields(cfg, path, family)
     repo = _str(outer, field, "_name_or_path", _MAX_NAME_CHARS) or None
     label = name or repo or family
-    dtype_name = _str(outer, field, "torch_dtype", _MAX_DTYPE_CHARS) or _str(outer, field, "dtype", _MAX_DTYPE_CHARS)
-    dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype_name or "", "bf16")
+    torch_dtype = _str(outer, field, "torch_dtype", _MAX_DTYPE_CHARS)
+    torch_dtype = torch_dtype or _str(outer, field, "dtype", _MAX_DTYPE_CHARS)  # newer transformers' name
+    dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(torch_dtype or "", "bf16")
     if outer.get("quantization_config") is not None:
         quant = _object(outer["quantization_config"], f"{field}.quantization_config")
         dtype = _str(quant, f"{field}.quantization_config", "quant_method", _MAX_DTYPE_CHARS) or dtype
@@ -298,8 +305,8 @@ def _spec_fields(cfg: Mapping[str, Any], path: str, family: str) -> tuple[dict[s
     heads = num("num_attention_heads", "num_attention_heads")
     kv_heads = num("num_kv_heads", "num_key_value_heads", heads)
     if cfg.get("head_dim") is None and hidden // heads < 1:
-        raise InputError(f"{path}.head_dim", f"required here: hidden_size // num_attention_heads = {hidden:,} // "
-                                             f"{heads:,} = 0 is not a head size")
+        raise InputError(f"{path}.head_dim", "required here: hidden_size // num_attention_heads = "
+                                             f"{hidden:,} // {heads:,} = 0 is not a head size")
     head_dim = num("head_dim", "head_dim", hidden // heads)
     vocab = num("vocab_size", "vocab_size", _DEFAULT_VOCAB.get(family, _REQUIRED))
     max_pos = num("max_position_embeddings", "max_position_embeddings", _DEFAULT_MAX_POS.get(family, 4096))
@@ -324,18 +331,18 @@ def _spec_fields(cfg: Mapping[str, Any], path: str, family: str) -> tuple[dict[s
     if family in ("gemma2", "gemma3_text"):
         spec["norms_per_layer"] = 4
 
-    def mla(spec_field: str, key: str, default: Any = _REQUIRED) -> int:
-        return num(f"mla.{spec_field}", key, default, MLASpec)
+    def mla(key: str, default: Any = _REQUIRED) -> int:
+        return num(f"mla.{key}", key, default, MLASpec)
 
     def moe(spec_field: str, key: str, default: Any = _REQUIRED) -> int:
         return num(f"moe.{spec_field}", key, default, MoESpec)
 
     if family in ("deepseek_v3", "kimi_k2"):
-        spec["mla"] = dict(
-            q_lora_rank=mla("q_lora_rank", "q_lora_rank", 0), kv_lora_rank=mla("kv_lora_rank", "kv_lora_rank"),
-            qk_nope_head_dim=mla("qk_nope_head_dim", "qk_nope_head_dim"),
-            qk_rope_head_dim=mla("qk_rope_head_dim", "qk_rope_head_dim"), v_head_dim=mla("v_head_dim", "v_head_dim"),
-        )
+        spec["mla"] = {  # the config keys are the MLASpec field names
+            "q_lora_rank": mla("q_lora_rank", 0), "kv_lora_rank": mla("kv_lora_rank"),
+            "qk_nope_head_dim": mla("qk_nope_head_dim"), "qk_rope_head_dim": mla("qk_rope_head_dim"),
+            "v_head_dim": mla("v_head_dim"),
+        }
         spec["moe"] = dict(
             num_experts=moe("num_experts", "n_routed_experts"),
             experts_per_token=moe("experts_per_token", "num_experts_per_tok"),
@@ -362,7 +369,8 @@ def _spec_fields(cfg: Mapping[str, Any], path: str, family: str) -> tuple[dict[s
     elif family == "gpt_oss":
         k_key = "experts_per_token" if cfg.get("experts_per_token") is not None else "num_experts_per_tok"
         spec["moe"] = dict(
-            num_experts=moe("num_experts", "num_local_experts"), experts_per_token=moe("experts_per_token", k_key),
+            num_experts=moe("num_experts", "num_local_experts"),
+            experts_per_token=moe("experts_per_token", k_key),
             expert_intermediate_size=intermediate, router_bias=True, expert_bias=True,
         )
         origin["moe.expert_intermediate_size"] = "intermediate_size"
@@ -387,16 +395,21 @@ def _config_error(e: ValidationError, spec: dict[str, Any], origin: dict[str, st
         if spec_field not in origin:
             return m.group(0)
         named.append(spec_field)
-        return origin[spec_field].rsplit(".", 1)[-1]
+        return _key(origin[spec_field])
 
     text = _SPEC_NAME.sub(rename, msg)
     if loc in origin:  # one field out of the schema's range
         return InputError(origin[loc], f"{text}, got {_show(err.get('input'))}")
     if not named:
         return InputError(field, text)
-    blamed, key = named[0], origin[named[0]].rsplit(".", 1)[-1]
-    values = ", ".join(f"{origin[n].rsplit('.', 1)[-1]} = {_show(_spec_value(spec, n))}" for n in dict.fromkeys(named))
+    blamed, key = named[0], _key(origin[named[0]])
+    values = ", ".join(f"{_key(origin[n])} = {_show(_spec_value(spec, n))}" for n in dict.fromkeys(named))
     return InputError(origin[blamed], f"{text.removeprefix(key + ' ')}; got {values}")
+
+
+def _key(path: str) -> str:
+    """The last key of a dotted path: config.text_config.hidden_size -> hidden_size."""
+    return path.rsplit(".", 1)[-1]
 
 
 def _spec_value(spec: dict[str, Any], dotted: str) -> Any:
