@@ -73,6 +73,11 @@ _STEP = (1, _LAYERS[1])  # a layer period (sliding_window_pattern, decoder_spars
 
 # ------------------------------------------------------------------------------------- reading values
 
+def _at(path: str, key: str | int) -> str:
+    """The dotted path of ``key`` inside ``path`` (``path`` may be empty: then the key alone)."""
+    return f"{path}.{key}" if path else str(key)
+
+
 def _show(value: Any) -> str:
     """A short description of a JSON value for an error message (never its full text)."""
     if value is None:
@@ -120,9 +125,9 @@ def _int(cfg: Mapping[str, Any], path: str, key: str, bounds: tuple[int, int], d
     value = cfg.get(key)
     if value is None:
         if default is _REQUIRED:
-            raise InputError(f"{path}.{key}", "required, but missing or null")
+            raise InputError(_at(path, key), "required, but missing or null")
         return default
-    return _as_int(value, f"{path}.{key}", bounds)
+    return _as_int(value, _at(path, key), bounds)
 
 
 def _bool(cfg: Mapping[str, Any], path: str, key: str, default: bool) -> bool:
@@ -130,7 +135,7 @@ def _bool(cfg: Mapping[str, Any], path: str, key: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise InputError(f"{path}.{key}", f"must be true or false, got {_show(value)}")
+        raise InputError(_at(path, key), f"must be true or false, got {_show(value)}")
     return value
 
 
@@ -139,9 +144,9 @@ def _str(cfg: Mapping[str, Any], path: str, key: str, max_chars: int) -> str | N
     if value is None:
         return None
     if not isinstance(value, str):
-        raise InputError(f"{path}.{key}", f"must be a string, got {_show(value)}")
+        raise InputError(_at(path, key), f"must be a string, got {_show(value)}")
     if len(value) > max_chars:
-        raise InputError(f"{path}.{key}", f"must be at most {max_chars} characters, got {len(value):,}")
+        raise InputError(_at(path, key), f"must be at most {max_chars} characters, got {len(value):,}")
     return value
 
 
@@ -199,7 +204,7 @@ def _count_sliding(types: Any, where: str, layers: int) -> int:
     n = 0
     for i, t in enumerate(types):
         if not isinstance(t, str):
-            raise InputError(f"{where}.{i}", f"must be a string such as 'full_attention', got {_show(t)}")
+            raise InputError(_at(where, i), f"must be a string such as 'full_attention', got {_show(t)}")
         n += t == "sliding_attention"
     return n
 
@@ -213,7 +218,7 @@ def _sliding(cfg: Mapping[str, Any], path: str, family: str, layers: int) -> tup
         return _int(cfg, path, "sliding_window", window_bounds)
 
     if cfg.get("layer_types") is not None:
-        n = _count_sliding(cfg["layer_types"], f"{path}.layer_types", layers)
+        n = _count_sliding(cfg["layer_types"], _at(path, "layer_types"), layers)
         return (window(), n) if n and has_window else (None, 0)
     if family in ("qwen2", "qwen3", "qwen3_moe"):
         if not _bool(cfg, path, "use_sliding_window", False) or not has_window:
@@ -234,22 +239,22 @@ def _qwen3_moe_dense_layers(cfg: Mapping[str, Any], path: str, layers: int) -> i
     """Leading dense layers of a qwen3_moe model. In transformers layer i is MoE when i is not in
     mlp_only_layers and (i + 1) % decoder_sparse_step == 0; only a dense prefix 0..k-1 is supported."""
     step = _int(cfg, path, "decoder_sparse_step", _STEP, 1)
-    where = f"{path}.mlp_only_layers"
+    where = _at(path, "mlp_only_layers")
     raw = cfg.get("mlp_only_layers")
     raw = [] if raw is None else raw
     if not isinstance(raw, (list, tuple)):
         raise InputError(where, f"must be a list of layer indices, got {_show(raw)}")
     if len(raw) > layers:
         raise InputError(where, f"must list at most num_hidden_layers ({layers:,}) layers, got {len(raw):,}")
-    dense = {_as_int(x, f"{where}.{i}", (0, layers - 1)) for i, x in enumerate(raw)}
+    dense = {_as_int(x, _at(where, i), (0, layers - 1)) for i, x in enumerate(raw)}
     if dense != set(range(len(dense))):
         raise InputError(where, "only leading dense layers (0, 1, ..., k-1) are supported for qwen3_moe")
     if len(dense) == layers:
         raise InputError(where, f"lists all {layers:,} layers; at least one MoE layer must remain")
     moe_layers = layers // step - sum(1 for d in dense if (d + 1) % step == 0)
     if moe_layers != layers - len(dense):
-        raise InputError(f"{path}.decoder_sparse_step", f"a step of {step} interleaves dense and MoE layers; "
-                         "only leading dense layers (mlp_only_layers) are supported")
+        raise InputError(_at(path, "decoder_sparse_step"), f"a step of {step} interleaves dense and MoE "
+                         "layers; only leading dense layers (mlp_only_layers) are supported")
     return len(dense)
 
 
@@ -262,10 +267,10 @@ def model_from_hf_config(
     outer = _read(source, field)
     family = outer.get("model_type")
     if family is not None and not isinstance(family, str):
-        raise InputError(f"{field}.model_type", f"must be a string such as 'llama', got {_show(family)}")
+        raise InputError(_at(field, "model_type"), f"must be a string such as 'llama', got {_show(family)}")
     cfg, path = outer, field
     if family == "gemma3":  # multimodal wrapper: the decoder lives in text_config
-        path, family = f"{field}.text_config", "gemma3_text"
+        path, family = _at(field, "text_config"), "gemma3_text"
         if outer.get("text_config") is None:
             raise InputError(path, "required for model_type 'gemma3' (it holds the decoder)")
         cfg = _object(outer["text_config"], path)
@@ -280,8 +285,8 @@ def model_from_hf_config(
     torch_dtype = torch_dtype or _str(outer, field, "dtype", _MAX_DTYPE_CHARS)  # newer transformers' name
     dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(torch_dtype or "", "bf16")
     if outer.get("quantization_config") is not None:
-        quant = _object(outer["quantization_config"], f"{field}.quantization_config")
-        dtype = _str(quant, f"{field}.quantization_config", "quant_method", _MAX_DTYPE_CHARS) or dtype
+        quant = _object(outer["quantization_config"], _at(field, "quantization_config"))
+        dtype = _str(quant, _at(field, "quantization_config"), "quant_method", _MAX_DTYPE_CHARS) or dtype
     try:
         return ModelSpec(
             id=_slug(str(model_id or label)), name=label, hf_repo=repo, checkpoint_dtype=dtype,
@@ -305,8 +310,8 @@ def _spec_fields(cfg: Mapping[str, Any], path: str, family: str) -> tuple[dict[s
     heads = num("num_attention_heads", "num_attention_heads")
     kv_heads = num("num_kv_heads", "num_key_value_heads", heads)
     if cfg.get("head_dim") is None and hidden // heads < 1:
-        raise InputError(f"{path}.head_dim", "required here: hidden_size // num_attention_heads = "
-                                             f"{hidden:,} // {heads:,} = 0 is not a head size")
+        raise InputError(_at(path, "head_dim"), "required here: hidden_size // num_attention_heads = "
+                                                f"{hidden:,} // {heads:,} = 0 is not a head size")
     head_dim = num("head_dim", "head_dim", hidden // heads)
     vocab = num("vocab_size", "vocab_size", _DEFAULT_VOCAB.get(family, _REQUIRED))
     max_pos = num("max_position_embeddings", "max_position_embeddings", _DEFAULT_MAX_POS.get(family, 4096))
@@ -374,7 +379,7 @@ def _spec_fields(cfg: Mapping[str, Any], path: str, family: str) -> tuple[dict[s
             expert_intermediate_size=intermediate, router_bias=True, expert_bias=True,
         )
         origin["moe.expert_intermediate_size"] = "intermediate_size"
-    return spec, {k: f"{path}.{v}" for k, v in origin.items()}
+    return spec, {k: _at(path, v) for k, v in origin.items()}
 
 
 _SPEC_NAME = re.compile(r"\b(?:(?:moe|mla)\.)?[a-z_]+\b")

@@ -218,6 +218,13 @@ def test_the_default_prefix_is_config():
     assert str(info.value) == "config.num_attention_heads: must be an integer ≥ 1, got 0"
 
 
+def test_an_empty_prefix_gives_the_bare_key_path():
+    gemma = load("google--gemma-3-27b-it")
+    with pytest.raises(InputError) as info:
+        pc.model_from_hf_config({**gemma, "text_config": {**gemma["text_config"], "head_dim": -1}}, field="")
+    assert str(info.value) == "text_config.head_dim: must be an integer ≥ 1, got -1"
+
+
 # --- the schema's cross-field checks, told in the config's words --------------------------------
 
 INTERNALS = ("function-after", "value_error", "Value error", "ModelSpec", "MoESpec", "pydantic",
