@@ -45,7 +45,8 @@ def test_unsupported_family_names_the_supported_ones():
     ({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": -4, "num_attention_heads": 2,
       "intermediate_size": 8, "vocab_size": 10}, "hidden_size"),
     ({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 6,
-      "num_key_value_heads": 4, "intermediate_size": 8, "vocab_size": 10}, "num_kv_heads"),
+      "num_key_value_heads": 4, "intermediate_size": 8, "vocab_size": 10},
+     "num_attention_heads: must be a multiple of num_key_value_heads"),
 ])
 def test_bad_configs_name_the_field(cfg, field):
     with pytest.raises(ValueError, match=field):
