@@ -97,13 +97,7 @@ def resolve_model(ref: ModelRef, field: str = "model") -> ModelSpec:
     if isinstance(ref, ModelSpec):
         return ref
     if isinstance(ref, HFConfig):
-        try:
-            return model_from_hf_config(dict(ref.hf_config), model_id=ref.id)
-        except ValidationError as e:
-            first = e.errors()[0]
-            raise ValueError(f"{field}.hf_config: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
-        except (ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError, OverflowError) as e:
-            raise ValueError(f"{field}.hf_config: {e}") from None
+        return model_from_hf_config(dict(ref.hf_config), model_id=ref.id, field=f"{field}.hf_config")
     return load_model(ref)
 
 
