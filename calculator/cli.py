@@ -45,18 +45,17 @@ EXIT_BROKEN_PIPE = 141
 EXIT_CODES: tuple[tuple[int, str, str], ...] = (
     (EXIT_OK, "success", "the command did what was asked"),
     (EXIT_INFEASIBLE, "no feasible plan", "`plan`: no deployment meets the SLO (with or without `--json`)"),
-    (EXIT_INPUT, "invalid input", "an option or argument, a file (config.json, calibration YAML), an unknown model "
-                                  "or GPU id; `validate` without torch installed"),
-    (EXIT_HARDWARE_DB, "hardware database unreadable", "the GPU/model YAML (`PDPLAN_HARDWARE_DB` or the bundled "
-                                                       "files) is missing or invalid"),
-    (EXIT_OUTPUT, "output not writable", "stdout is closed or full, or `validate --out` cannot be created or "
-                                         "written (checked before measuring)"),
+    (EXIT_INPUT, "invalid input", ("an option or argument, a file (config.json, calibration YAML), an unknown model "
+                                   "or GPU id; `validate` without torch installed")),
+    (EXIT_HARDWARE_DB, "hardware database unreadable", ("the GPU/model YAML (`PDPLAN_HARDWARE_DB` or the bundled "
+                                                        "files) is missing or invalid")),
+    (EXIT_OUTPUT, "output not writable", ("stdout is closed or full, or `validate --out` cannot be created or "
+                                          "written (checked before measuring)")),
     (EXIT_MEASUREMENT, "measurement failed", "`validate`: torch raised an error while measuring"),
-    (EXIT_INTERNAL, "internal error", "a bug: one line `internal error: <type>: <message>`; "
-                                      "`PDPLAN_DEBUG=1` prints the traceback"),
+    (EXIT_INTERNAL, "internal error", ("a bug: one line `internal error: <type>: <message>`; "
+                                       "`PDPLAN_DEBUG=1` prints the traceback")),
     (EXIT_INTERRUPTED, "interrupted", "Ctrl-C"),
-    (EXIT_BROKEN_PIPE, "broken pipe", "the reader of stdout went away (`pdplan models | head -1`); "
-                                      "nothing is printed"),
+    (EXIT_BROKEN_PIPE, "broken pipe", "the reader of stdout went away (`head -1` exited); nothing is printed"),
 )
 """Exit status, short meaning (``pdplan --help``), long meaning (docs/reference/cli.md)."""
 DEBUG_ENV = "PDPLAN_DEBUG"
@@ -181,7 +180,7 @@ def _report(message: str | None, e: BaseException) -> None:
         head = "" if text.startswith("internal error:") else "error: "
         Console(stderr=True, width=PIPE_WIDTH).print(f"[bold red]{head}[/]{escape(text)}", highlight=False,
                                                      soft_wrap=True)
-    except Exception:  # noqa: BLE001 - stderr itself is gone; the exit status still says what happened
+    except Exception:  # noqa: BLE001, S110 - stderr itself is gone; the exit status still says what happened
         pass
 
 
@@ -193,7 +192,7 @@ def _silence_stdout(stream: Any) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, fd)
         os.close(devnull)
-    except Exception:  # noqa: BLE001 - not a real file (a test runner's buffer): nothing to silence
+    except Exception:  # noqa: BLE001, S110 - not a real file (a test runner's buffer): nothing to silence
         pass
 
 
