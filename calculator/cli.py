@@ -141,7 +141,7 @@ def classify(e: BaseException) -> tuple[int, str | None]:
         reason = e.error.strerror if isinstance(e.error, OSError) and e.error.strerror else str(e.error)
         return EXIT_OUTPUT, f"cannot write the output: {reason}"
     if isinstance(e, SystemExit):
-        return (e.code, None) if isinstance(e.code, int) else (0 if e.code is None else 1, e.code)
+        return (e.code, None) if isinstance(e.code, int) else (0, None) if e.code is None else (1, str(e.code))
     if isinstance(e, typer.Exit):
         return e.exit_code, None
     if isinstance(e, (KeyboardInterrupt, typer.Abort)):
