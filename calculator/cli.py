@@ -39,6 +39,7 @@ EXIT_INPUT = 2
 EXIT_HARDWARE_DB = 3
 EXIT_OUTPUT = 4
 EXIT_MEASUREMENT = 5
+EXIT_SERVER = 6
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
@@ -52,6 +53,8 @@ EXIT_CODES: tuple[tuple[int, str, str], ...] = (
     (EXIT_OUTPUT, "output not writable", ("stdout is closed or full, or `validate --out` cannot be created or "
                                           "written (checked before measuring)")),
     (EXIT_MEASUREMENT, "measurement failed", "`validate`: torch raised an error while measuring"),
+    (EXIT_SERVER, "server failed", ("`serve`: uvicorn could not start or stopped on an error (its log says why, "
+                                    "e.g. the port is in use)")),
     (EXIT_INTERNAL, "internal error", ("a bug: one line `internal error: <type>: <message>`; "
                                        "`PDPLAN_DEBUG=1` prints the traceback")),
     (EXIT_INTERRUPTED, "interrupted", "Ctrl-C"),
@@ -525,7 +528,11 @@ def serve(
         raise InputError("workers", f"must be >= 1, got {workers}")
     import uvicorn
 
-    uvicorn.run("api:app", host=host, port=port, workers=workers)
+    try:
+        uvicorn.run("api:app", host=host, port=port, workers=workers)
+    except SystemExit as e:  # uvicorn exits 3 when it cannot bind, which would read as our 3
+        if e.code not in (None, 0):
+            raise CliFailure(EXIT_SERVER, f"serve: uvicorn stopped with status {e.code} (its log above says why)") from None
 
 
 def prepare_out_dir(path: Path) -> None:

@@ -222,6 +222,22 @@ def test_interrupt_exits_130(monkeypatch):
     assert r.exit_code == cli.EXIT_INTERRUPTED == 130
 
 
+# --------------------------------------------------------------------------------------------- serve
+
+
+def test_serve_on_a_busy_port_exits_6_not_uvicorns_3():
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = _pdplan("serve", "--port", str(port), timeout=120)
+    assert r.returncode == cli.EXIT_SERVER == 6
+    assert "address already in use" in r.stderr  # uvicorn's own log line
+    assert r.stderr.rstrip().splitlines()[-1] == "error: serve: uvicorn stopped with status 3 (its log above says why)"
+
+
 # ------------------------------------------------------------------------------------------ validate
 
 

@@ -107,7 +107,7 @@ def test_help_lists_every_exit_status():
     text = " ".join(runner.invoke(cli.app, ["--help"]).stdout.split())
     for code, short, _ in cli.EXIT_CODES:
         assert f"{code} {short}" in text
-    assert [c for c, _, _ in cli.EXIT_CODES] == [0, 1, 2, 3, 4, 5, 70, 130, 141]
+    assert [c for c, _, _ in cli.EXIT_CODES] == [0, 1, 2, 3, 4, 5, 6, 70, 130, 141]
 
 
 def test_the_reference_page_has_the_exit_status_table():
