@@ -1,38 +1,82 @@
-"""pdplan calculator: closed-form LLM serving estimates over frozen model and GPU specs."""
+"""pdplan calculator: closed-form LLM serving estimates over frozen model and GPU specs.
 
-from hardware_db import (
-    Efficiency,
-    GPUSpec,
-    ModelSpec,
-    list_gpus,
-    list_models,
-    load_gpu,
-    load_model,
-)
+The public names are imported on first use (PEP 562), so that ``import calculator.cli`` (and
+``pdplan --help``) does not pay for pydantic, numpy and the formulas; ``calculator.estimate`` etc.
+behave exactly as if imported eagerly.
+"""
 
-from .budget import deadline
-from .errors import (
-    Cancelled,
-    DeadlineExceeded,
-    HardwareDBError,
-    InputError,
-    PdplanError,
-    UnknownIdError,
-    UnstableError,
-)
-from .estimate import Estimate, MemoryBreakdown, OpRow, estimate
-from .formulas import FORMULAS, Formula
-from .hf_config import model_from_hf_config
-from .kv_cache import kv_bytes_per_token, kv_cache_bytes
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+_SOURCES: dict[str, str] = {
+    **dict.fromkeys(("Efficiency", "GPUSpec", "ModelSpec", "list_gpus", "list_models", "load_gpu", "load_model"),
+                    "hardware_db"),
+    "deadline": ".budget",
+    **dict.fromkeys(("Cancelled", "DeadlineExceeded", "HardwareDBError", "InputError", "PdplanError",
+                     "UnknownIdError", "UnstableError"), ".errors"),
+    **dict.fromkeys(("Estimate", "MemoryBreakdown", "OpRow", "estimate"), ".estimate"),
+    **dict.fromkeys(("FORMULAS", "Formula"), ".formulas"),
+    "model_from_hf_config": ".hf_config",
+    **dict.fromkeys(("kv_bytes_per_token", "kv_cache_bytes"), ".kv_cache"),
+    **dict.fromkeys(("Candidate", "Plan", "plan"), ".optimizer"),
+    **dict.fromkeys(("SLO", "Deployment", "Evaluation", "Length", "Pool", "Workload", "evaluate"), ".serving"),
+}
+"""Public name -> the module it comes from."""
 
 __all__ = [
-    "Cancelled", "DeadlineExceeded", "InputError", "PdplanError", "UnstableError", "deadline",
-    "FORMULAS", "Efficiency", "Estimate", "Formula", "GPUSpec", "HardwareDBError", "MemoryBreakdown", "ModelSpec",
-    "OpRow", "UnknownIdError", "estimate", "kv_bytes_per_token", "kv_cache_bytes", "list_gpus", "list_models",
-    "load_gpu", "load_model", "model_from_hf_config",
-]
+    "FORMULAS", "SLO", "Cancelled", "Candidate", "DeadlineExceeded", "Deployment", "Efficiency", "Estimate",
+    "Evaluation", "Formula", "GPUSpec", "HardwareDBError", "InputError", "Length", "MemoryBreakdown",
+    "ModelSpec", "OpRow", "PdplanError", "Plan", "Pool", "UnknownIdError", "UnstableError", "Workload",
+    "deadline", "estimate", "evaluate", "kv_bytes_per_token", "kv_cache_bytes", "list_gpus", "list_models",
+    "load_gpu", "load_model", "model_from_hf_config", "plan",
+]  # the keys of _SOURCES (a test checks)
 
-from .optimizer import Candidate, Plan, plan  # noqa: E402
-from .serving import SLO, Deployment, Evaluation, Length, Pool, Workload, evaluate  # noqa: E402
 
-__all__ += ["Candidate", "Deployment", "Evaluation", "Length", "Plan", "Pool", "SLO", "Workload", "evaluate", "plan"]
+def __getattr__(name: str) -> Any:
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(source, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """The package module: importing the submodule ``calculator.estimate`` must not rebind the
+    name ``calculator.estimate`` (the function) to the module, as the import system would."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _SOURCES.get(name) == f".{name}":
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+if TYPE_CHECKING:  # the same names, for type checkers and editors
+    from hardware_db import Efficiency, GPUSpec, ModelSpec, list_gpus, list_models, load_gpu, load_model
+
+    from .budget import deadline
+    from .errors import (
+        Cancelled,
+        DeadlineExceeded,
+        HardwareDBError,
+        InputError,
+        PdplanError,
+        UnknownIdError,
+        UnstableError,
+    )
+    from .estimate import Estimate, MemoryBreakdown, OpRow, estimate
+    from .formulas import FORMULAS, Formula
+    from .hf_config import model_from_hf_config
+    from .kv_cache import kv_bytes_per_token, kv_cache_bytes
+    from .optimizer import Candidate, Plan, plan
+    from .serving import SLO, Deployment, Evaluation, Length, Pool, Workload, evaluate

@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 import calculator as pc
-from calculator.cli import app, parse_duration
+from calculator.cli import _length, app, parse_duration
 
 runner = CliRunner()
 
@@ -65,17 +65,39 @@ def test_infeasible_plan_exits_1_with_the_reason():
     assert r.exit_code == 1 and "decode floor" in r.output and "Nearest feasible SLO" in r.output
 
 
+def test_infeasible_plan_exits_1_with_json_too():
+    r = runner.invoke(app, ["plan", "llama-3.1-70b", "--rate", "1", "--ttft", "2s", "--tpot", "1ms",
+                            "--gpu", "h100-sxm", "--json"])
+    assert r.exit_code == 1
+    body = json.loads(r.stdout)  # the whole response is still printed, and nothing else
+    assert body["plan"]["feasible"] is False and body["plan"]["nearest_feasible_slo"]["tpot_s"] > 0.001
+
+
+def test_plan_length_spread_is_a_mean_and_cv():
+    body = json.loads(_ok("plan", "llama-3.1-8b", "--rate", "2", "--isl", "2000", "--isl-cv", "0.5", "--osl", "300",
+                          "--ttft", "2s", "--tpot", "50ms", "--gpu", "h100-sxm", "--json"))
+    isl, osl = body["plan"]["workload"]["isl"], body["plan"]["workload"]["osl"]
+    assert (isl["mean"], isl["cv"]) == (2000, 0.5) and (osl["mean"], osl["cv"]) == (300, 0.0)
+    assert _length(2000, 0.5) == {"mean": 2000, "cv": 0.5} and _length(300, 0.0) == 300
+
+
 @pytest.mark.parametrize("args, message", [
     (["estimate", "llama-3.1-70b", "h100"], "unknown GPU id 'h100'; closest: "),
     (["estimate", "llama-3.1-8b", "h100-sxm", "--isl", "-5"], "isl: Input should be greater than or equal to 1"),
     (["kv", "llama-3.1-8b", "--kv-dtype", "fp3"], "kv_dtype: "),
     (["plan", "llama-3.1-8b", "--rate", "1", "--ttft", "2x", "--tpot", "50ms"], "ttft: cannot read '2x'"),
-    (["estimate", "/nonexistent/config.json", "h100-sxm"], "model: cannot read"),
+    (["estimate", "/nonexistent/config.json", "h100-sxm"], "model: /nonexistent/config.json: no such file"),
+    (["estimate", "llama-3.1-8b"], "Missing argument 'gpu'. (see root estimate --help)"),
+    (["kv", "llama-3.1-8b", "--tokens", "many"], "Invalid value for '--tokens': "),
+    (["gpus", "--bogus"], "No such option: --bogus"),
+    (["frobnicate"], "No such command 'frobnicate'."),
+    (["serve", "--port", "70000"], "port: must be in 1 ... 65535, got 70000"),
 ])
 def test_errors_are_one_line_and_exit_2(args, message):
     r = runner.invoke(app, args)
     assert r.exit_code == 2
     assert message in r.output
+    assert r.stdout == "" and r.output.startswith("error: ")
     assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
 
 
