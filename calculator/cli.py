@@ -518,18 +518,24 @@ def serve(
     host: Annotated[str, typer.Option(help="interface to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
     workers: Annotated[int, typer.Option(help="uvicorn worker processes")] = 1,
+    deadline: Annotated[str, typer.Option(help="wall-clock budget of one plan, evaluate or sweep; "
+                                               "past it the work stops and the answer is 504")] = "5s",
 ) -> None:
-    """Serve the REST API (OpenAPI docs at /docs) with uvicorn."""
+    """Serve the REST API (OpenAPI docs at /docs) with uvicorn: connections that send no complete
+    request within 10 s and idle keep-alive connections after 5 s are closed."""
     from .errors import InputError
 
     if not 1 <= port <= 65535:
         raise InputError("port", f"must be in 1 ... 65535, got {port}")
     if workers < 1:
         raise InputError("workers", f"must be >= 1, got {workers}")
-    import uvicorn
+    deadline_s = parse_duration(deadline, "deadline")
+    if not 0 < deadline_s <= 3600:
+        raise InputError("deadline", f"must be in (0 s, 1 h], got {deadline}")
+    from api.server import serve as run_server
 
     try:
-        uvicorn.run("api:app", host=host, port=port, workers=workers)
+        run_server(host=host, port=port, workers=workers, deadline_s=deadline_s)
     except SystemExit as e:  # uvicorn exits 3 when it cannot bind, which would read as our 3
         if e.code not in (None, 0):
             raise CliFailure(EXIT_SERVER, f"serve: uvicorn stopped with status {e.code} (its log above says why)") from None
