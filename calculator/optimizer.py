@@ -573,11 +573,12 @@ def _infeasible(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, gpu
         return (f"{m.id} does not fit on any of {', '.join(gpu_ids)} at tp up to 8 "
                 f"with the requested precision; try fp8 weights or larger GPUs"), None
     ctx = w.isl.mean + (w.osl.mean + 1) / 2
-    budget.check()
-    floors = [(float(s.pm.decode_s(1, ctx)), s) for s in singles]
+    floors, ttfts = [], []
+    for s in singles:
+        budget.check()
+        floors.append((float(s.pm.decode_s(1, ctx)), s))
+        ttfts.append((PrefillService.of(s.pm, w, slo.p).quantile_s, s))
     tpot_floor, fs = min(floors, key=lambda x: x[0])
-    budget.check()
-    ttfts = [(PrefillService.of(s.pm, w, slo.p).quantile_s, s) for s in singles]
     ttft_floor, ts = min(ttfts, key=lambda x: x[0])
     nearest = _slo_or_none(max(slo.ttft_s, 1.25 * ttft_floor), max(slo.tpot_s, 1.25 * tpot_floor), slo.percentile)
     if slo.tpot_s < tpot_floor:
