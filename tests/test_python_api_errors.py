@@ -52,6 +52,14 @@ def test_a_lone_gpu_id_is_one_gpu_not_its_characters():
     assert "'h100'" in str(err) and "h100-sxm" in err.closest
 
 
+def test_no_gpus_means_the_whole_database_beyond_the_per_request_cap():
+    # MAX_GPU_TYPES bounds a list the caller gives; the default searches every database GPU (17 of them
+    # when this was written; the cap of 16 refused the default then)
+    p = pc.plan("llama-3.1-8b", W, SLO, modes="mixed", tps=1)
+    assert p.searched == len(pc.list_gpus())
+    assert sorted({c.deployment.pool.gpu for c in p.candidates}) == pc.list_gpus()
+
+
 def test_kv_cache_tokens_must_be_finite_counts():
     m = pc.load_model("llama-3.1-8b")
     for bad in (float("nan"), float("inf"), -1, True, None, "4096", [1, None], 10**8):
