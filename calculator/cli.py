@@ -239,8 +239,8 @@ def plan(
     """The deployment (mode, GPU, tp, instances) that meets the SLO at the rate, and why."""
     slo = {"ttft_s": _run(parse_duration, ttft, "ttft"), "tpot_s": _run(parse_duration, tpot, "tpot"),
            "percentile": percentile}
-    workload = {"rate": rate, "isl": {"mean": isl, "cv": isl_cv} if isl_cv else isl,
-                "osl": {"mean": osl, "cv": osl_cv} if osl_cv else osl, "prefix_hit": prefix_hit}
+    workload = {"rate": rate, "isl": [isl, isl_cv] if isl_cv else isl, "osl": [osl, osl_cv] if osl_cv else osl,
+                "prefix_hit": prefix_hit}
     req = _run(lambda: s.PlanRequest.model_validate({
         "model": _model_ref(model), "workload": workload, "slo": slo, "gpus": gpu or None, "modes": mode or None,
         "objective": objective, "weight_dtype": weight_dtype, "kv_dtype": kv_dtype, "whole_nodes": whole_nodes}))
