@@ -8,6 +8,7 @@ provenance (``device``, ``date``, ``fitted_on``). ``pdplan validate`` writes one
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,36 +17,40 @@ from pydantic import ValidationError
 
 from hardware_db.schema import Efficiency, GPUSpec
 
+from .arguments import as_model, from_validation_error
+from .errors import InputError
+from .files import read_text_file
+from .limits import MAX_CONFIG_BYTES
+
 
 def load_calibration(path: str | os.PathLike[str]) -> Efficiency:
+    """The ``efficiency`` mapping of a calibration YAML file (``InputError`` on ``calibration`` if not)."""
     p = Path(path)
+    text = read_text_file(p, "calibration", MAX_CONFIG_BYTES)
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ValueError(f"calibration: cannot read {p} ({e.strerror})") from None
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ValueError(f"calibration: {p} is not valid YAML: {e}") from None
+        raise InputError("calibration", f"{p} is not valid YAML: {e}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("efficiency"), dict):
-        raise ValueError(f"calibration: {p} needs an 'efficiency' mapping")
+        raise InputError("calibration", f"{p} needs an 'efficiency' mapping")
     try:
         return Efficiency.model_validate(raw["efficiency"])
     except ValidationError as e:
-        first = e.errors()[0]
-        raise ValueError(f"calibration: {p}: efficiency.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        err = from_validation_error(e, "efficiency")
+        raise InputError("calibration", f"{p}: {err}") from None
 
 
-def apply_calibration(gpu: GPUSpec, calibration: Efficiency | dict[str, Any] | str | os.PathLike[str]) -> GPUSpec:
+def apply_calibration(gpu: GPUSpec, calibration: Efficiency | Mapping[str, Any] | str | os.PathLike[str]) -> GPUSpec:
     """The GPU with its efficiencies replaced by a profile (an Efficiency, a mapping or a YAML path)."""
     if isinstance(calibration, Efficiency):
         eff = calibration
-    elif isinstance(calibration, dict):
-        try:
-            eff = Efficiency.model_validate(calibration)
-        except ValidationError as e:
-            first = e.errors()[0]
-            raise ValueError(f"calibration.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
-    else:
+    elif isinstance(calibration, Mapping):
+        eff = as_model("calibration", calibration, Efficiency)
+    elif isinstance(calibration, (str, os.PathLike)):
         eff = load_calibration(calibration)
+    else:
+        raise InputError("calibration", f"give an Efficiency, a mapping of its fields or a YAML path, got "
+                                        f"{type(calibration).__name__}")
     return gpu.model_copy(update={"efficiency": eff})
 
 

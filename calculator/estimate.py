@@ -6,20 +6,23 @@ step at the mean context of the generation, and E2E = TTFT + (osl - 1) * TPOT.
 
 from __future__ import annotations
 
-import math
-from typing import Literal
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from hardware_db.loader import load_gpu, load_model
-from hardware_db.schema import GPUSpec, KVDtype, ModelSpec, WeightDtype
+from hardware_db.schema import Efficiency, GPUSpec, KVDtype, ModelSpec, WeightDtype
 
 from . import formulas as f
+from .arguments import choice, flag, gpu_spec, integer, model_spec, real
+from .errors import InputError
 from .kv_cache import kv_bytes_per_gpu, kv_bytes_per_token, kv_cache_bytes
+from .limits import MAX_BATCH, MAX_PARALLEL, MAX_TOKENS
 from .params import embedding_params
 from .phases import Group, Setup, phase_bound, step_groups, step_time_s
-from .precision import EMBEDDING_BYTES, GEMM_RATE
+from .precision import EMBEDDING_BYTES, GEMM_RATE, KV_DTYPES, WEIGHT_DTYPES
 
 RUNTIME_RESERVE_BYTES = 2.0e9
 """Per-GPU memory no engine can give to KV: CUDA context, cuBLAS/NCCL workspaces, CUDA graphs (~1-3 GB in vLLM)."""
@@ -139,16 +142,21 @@ def memory_breakdown(
     )
 
 
-def _check_workload(isl: int, osl: int, batch: int, prefix_hit: float, m: ModelSpec) -> None:
-    for name, value, low in (("isl", isl, 1), ("osl", osl, 1), ("batch", batch, 1)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-            raise ValueError(f"{name}: must be an integer >= {low}, got {value!r}")
-    if not (isinstance(prefix_hit, (int, float)) and math.isfinite(prefix_hit) and 0.0 <= prefix_hit < 1.0):
-        raise ValueError(f"prefix_hit: must be a fraction in [0, 1), got {prefix_hit!r}")
+def _check_arguments(tp: int, pp: int, ep: int, isl: int, osl: int, batch: int, weight_dtype: str, kv_dtype: str,
+                     prefix_hit: float, gpu_memory_utilisation: float, rows: bool, m: ModelSpec) -> tuple[int, ...]:
+    """The integers as ints; every argument checked against the REST bounds and the context window."""
+    ints = tuple(integer(name, value, 1, high) for name, value, high in (
+        ("tp", tp, MAX_PARALLEL), ("pp", pp, MAX_PARALLEL), ("ep", ep, MAX_PARALLEL),
+        ("isl", isl, MAX_TOKENS), ("osl", osl, MAX_TOKENS), ("batch", batch, MAX_BATCH)))
+    choice("weight_dtype", weight_dtype, WEIGHT_DTYPES)
+    choice("kv_dtype", kv_dtype, KV_DTYPES)
+    real("prefix_hit", prefix_hit, 0.0, 1.0, high_open=True)
+    real("gpu_memory_utilisation", gpu_memory_utilisation, 0.0, 1.0, low_open=True)
+    flag("rows", rows)
     if isl + osl > m.max_position_embeddings:
-        raise ValueError(
-            f"isl: isl + osl = {isl + osl} exceeds {m.id}'s context window of {m.max_position_embeddings} tokens"
-        )
+        raise InputError("isl", f"isl + osl = {isl + osl:,} tokens exceeds {m.id}'s context window of "
+                                f"{m.max_position_embeddings:,} tokens")
+    return ints
 
 
 def estimate(
@@ -164,25 +172,26 @@ def estimate(
     prefix_hit: float = 0.0,
     ep: int = 1,
     gpu_memory_utilisation: float = 0.9,
-    calibration: object | None = None,
+    calibration: Efficiency | Mapping[str, Any] | str | os.PathLike[str] | None = None,
     rows: bool = True,
 ) -> Estimate:
     """Prefill, decode, KV and memory of ``batch`` requests of ``isl`` prompt and ``osl`` output tokens.
 
     ``prefix_hit`` is the fraction of the prompt already in the prefix cache (not recomputed).
-    ``calibration`` is an ``Efficiency`` (or a path to a calibration YAML) that replaces the GPU's
-    default efficiencies. A configuration that does not fit is returned with ``fits=False``, the
-    reason and the shortfall, and no latency figures.
+    ``model`` and ``gpu`` are database ids or specs. ``calibration`` is an ``Efficiency`` (or a
+    mapping of its fields, or a path to a calibration YAML) that replaces the GPU's default
+    efficiencies. A configuration that does not fit is returned with ``fits=False``, the reason and
+    the shortfall, and no latency figures. Invalid arguments raise ``InputError`` naming the
+    argument; the bounds are the REST API's (``calculator.limits``).
     """
-    m = load_model(model) if isinstance(model, str) else model
-    g = load_gpu(gpu) if isinstance(gpu, str) else gpu
+    m = model_spec(model)
+    g = gpu_spec(gpu)
+    tp, pp, ep, isl, osl, batch = _check_arguments(tp, pp, ep, isl, osl, batch, weight_dtype, kv_dtype, prefix_hit,
+                                                   gpu_memory_utilisation, rows, m)
     if calibration is not None:
         from .calibration import apply_calibration
 
         g = apply_calibration(g, calibration)
-    _check_workload(isl, osl, batch, prefix_hit, m)
-    if not (0.0 < gpu_memory_utilisation <= 1.0):
-        raise ValueError(f"gpu_memory_utilisation: must be in (0, 1], got {gpu_memory_utilisation!r}")
     setup = Setup(m, g, tp=tp, pp=pp, ep=ep, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
     mem = memory_breakdown(setup, isl, osl, batch, gpu_memory_utilisation)
     per_seq = mem.kv_bytes_per_sequence

@@ -8,6 +8,9 @@ from numpy.typing import ArrayLike
 from hardware_db.schema import ModelSpec
 
 from . import formulas as f
+from .arguments import integer, model_spec
+from .errors import InputError
+from .limits import MAX_PARALLEL, MAX_TOKENS
 from .params import shape_values
 from .precision import kv_bytes
 
@@ -28,19 +31,39 @@ def kv_bytes_per_gpu(m: ModelSpec, tokens: ArrayLike, kv_dtype: str = "bf16", tp
     return per_gpu_all_layers / pp
 
 
-def kv_cache_bytes(m: ModelSpec, tokens: ArrayLike, kv_dtype: str = "bf16", tp: int = 1) -> float | np.ndarray:
+def kv_cache_bytes(m: ModelSpec | str, tokens: ArrayLike, kv_dtype: str = "bf16", tp: int = 1) -> float | np.ndarray:
     """KV bytes of one sequence of ``tokens`` tokens: all layers, all GPUs of the instance together.
 
+    ``m`` is a model id or spec; ``tokens`` a number or an array of numbers in 0 ... MAX_TOKENS.
     With tp > num_kv_heads the KV heads are replicated, and MLA latents are replicated on every
     tensor-parallel GPU, so the total grows with tp in those cases.
     """
-    tokens_arr = np.asarray(tokens, dtype=float)
-    if np.any(tokens_arr < 0):
-        raise ValueError("tokens: must be >= 0")
+    m = model_spec(m)
+    tokens_arr = _tokens(tokens)
+    tp = integer("tp", tp, 1, MAX_PARALLEL)
+    kv_bytes(kv_dtype)  # an unknown kv_dtype is an InputError naming it
     total = tp * kv_bytes_per_gpu(m, tokens_arr, kv_dtype, tp=tp)
     return float(total) if np.ndim(total) == 0 else total
 
 
-def kv_bytes_per_token(m: ModelSpec, kv_dtype: str = "bf16") -> float:
+def kv_bytes_per_token(m: ModelSpec | str, kv_dtype: str = "bf16") -> float:
     """Bytes per token over all layers at tp=1, before any sliding-window cap (the headline figure)."""
-    return float(kv_bytes_per_gpu(m, 1.0, kv_dtype))
+    return float(kv_bytes_per_gpu(model_spec(m), 1.0, kv_dtype))
+
+
+def _tokens(tokens: ArrayLike) -> np.ndarray:
+    """Token counts as floats: numbers (not bools) in 0 ... MAX_TOKENS, NaN and infinities refused."""
+    if type(tokens) in (int, float) and 0 <= tokens <= MAX_TOKENS:  # the common scalar, without numpy checks
+        return np.asarray(tokens, dtype=float)
+    try:
+        raw = np.asarray(tokens)
+    except (TypeError, ValueError):  # ragged nesting
+        raw = np.asarray(None)
+    if raw.dtype.kind not in "iuf":
+        raise InputError("tokens", f"must be a number of tokens or an array of them, got {tokens!r:.40}")
+    arr = raw.astype(float, copy=False)
+    if not np.all(np.isfinite(arr)):
+        raise InputError("tokens", "must be finite (no NaN or infinity)")
+    if np.any(arr < 0) or np.any(arr > MAX_TOKENS):
+        raise InputError("tokens", f"must be in 0 ... {MAX_TOKENS:,}")
+    return arr

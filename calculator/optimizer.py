@@ -11,26 +11,36 @@ instance count is the smallest N whose M/G/N queue keeps TTFT within the SLO aft
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from hardware_db.loader import list_gpus, load_gpu, load_model
+from hardware_db.loader import list_gpus, load_gpu
 from hardware_db.schema import GPUSpec, KVDtype, ModelSpec, WeightDtype
 
+from . import budget
+from .arguments import as_model, choice, flag, gpu_spec, integer, items, model_spec
+from .errors import InputError
 from .kv_cache import kv_cache_bytes
-from .limits import MAX_GPU_TYPES
-from .serving import analyse, chunked
+from .limits import MAX_CHUNK_BUDGETS, MAX_GPU_TYPES
+from .precision import KV_DTYPES, WEIGHT_DTYPES
+from .serving import analyse, check_context, chunked
 from .serving.base import Deployment, Mode, ModeArrays, Pool, PoolModel, PrefillService, queue_wait, rate_grid
 from .serving.disaggregated import kv_move_s
 from .serving.workload import SLO, Workload
 
 Objective = Literal["gpus", "cost", "cost_per_token"]
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
+MODES: tuple[str, ...] = get_args(Mode)
 TPS = (1, 2, 4, 8)
+TP_CHOICES = (1, 2, 4, 8, 16)
+MAX_TP = max(TP_CHOICES)
 CHUNKS = (256, 512, 1024, 2048, 4096, 8192)
+MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS = 64, 65_536
 MAX_INSTANCES = 4096
 MAX_PREFILL_INSTANCES = 512
 MAX_POOL_INSTANCES = 10_000  # Pool.instances' upper bound
@@ -219,21 +229,33 @@ ROUNDING_STEPS = (-1, 0, 1, 2)
 apart); the fewest that meets the SLO at the exact rate wins."""
 
 
-def _grid_points(protos: list[Deployment], rates: np.ndarray, a: ModeArrays, slo: SLO, w: Workload) -> list[tuple]:
-    """(tokens/s per GPU, tokens/s per user, meets SLO, deployment, rate) of every stable grid point."""
+@dataclass(frozen=True)
+class _Points:
+    """Pareto material of one configuration: its stable loads (tokens/s per GPU, per user, whether
+    the SLO holds, the rate per instance; ``rates`` None for a disaggregated candidate)."""
+
+    per_gpu: np.ndarray
+    per_user: np.ndarray
+    meets: np.ndarray
+    deployment: Deployment
+    rates: np.ndarray | None
+
+
+def _grid_points(protos: list[Deployment], rates: np.ndarray, a: ModeArrays, slo: SLO, w: Workload) -> list[_Points]:
+    """The stable points of every configuration's rate grid."""
     stable = np.atleast_2d(a.stable)
     tpot = np.atleast_2d(a.tpot_mean_s)
     meets = np.atleast_2d(a.meets(slo))
     out = []
     for row, d in enumerate(protos):
-        per_gpu = rates * w.osl.mean / d.num_gpus
-        for i in np.flatnonzero(stable[row]):
-            out.append((float(per_gpu[i]), 1.0 / float(tpot[row, i]), bool(meets[row, i]), d, float(rates[i])))
+        keep = stable[row]
+        out.append(_Points((rates * w.osl.mean / d.num_gpus)[keep], 1.0 / tpot[row, keep], meets[row, keep], d,
+                           rates[keep]))
     return out
 
 
 def _single_pool_candidates(m: ModelSpec, s: _Single, w: Workload, slo: SLO, modes: list[Mode], chunks: np.ndarray,
-                            whole_nodes: bool, points: list[tuple]) -> tuple[list[Candidate], int]:
+                            whole_nodes: bool, points: list[_Points]) -> tuple[list[Candidate], int]:
     """Mixed and chunked candidates on one (GPU, tp, pp): capacity per instance on a rate grid (all
     chunk budgets in one array), then the fewest instances that meet the SLO at the workload's rate
     (all trial counts in one array: one instance at rate / N behaves as N instances at rate)."""
@@ -250,6 +272,7 @@ def _single_pool_candidates(m: ModelSpec, s: _Single, w: Workload, slo: SLO, mod
         points.extend(_grid_points([d], rates, grid, slo, w))
         groups.append(([d], caps, lambda r: analyse(m, d, w, r[0], slo.p, (s.pm,))))
     if "chunked" in modes:
+        budget.check()
         with np.errstate(all="ignore"):
             grid = chunked.analyse_budgets(s.pm, w, rates, slo.p, chunks, 1)
         caps = _largest_meeting(rates, grid.meets(slo))
@@ -257,6 +280,7 @@ def _single_pool_candidates(m: ModelSpec, s: _Single, w: Workload, slo: SLO, mod
         points.extend(_grid_points(protos, rates, grid, slo, w))
         groups.append((protos, caps, lambda r: chunked.analyse_budgets(s.pm, w, r, slo.p, chunks, 1)))
     for protos, caps, evaluate_at in groups:
+        budget.check()
         searched += len(protos)
         n = np.array([_instances(w.rate, c) for c in caps])
         trial_n = np.maximum(n[:, None] + np.array(ROUNDING_STEPS)[None, :], 1)
@@ -277,15 +301,29 @@ def _single_pool_candidates(m: ModelSpec, s: _Single, w: Workload, slo: SLO, mod
     return out, searched
 
 
+def _gpu_specs(gpus: Any) -> list[GPUSpec]:
+    """The candidate GPUs: None for the whole database; one id or spec, or a list of them (at most
+    MAX_GPU_TYPES), each at most once."""
+    if gpus is None:
+        return [load_gpu(g) for g in list_gpus()]
+    specs = [gpu_spec(g, f"gpus.{i}") for i, g in enumerate(items("gpus", gpus, MAX_GPU_TYPES, (str, GPUSpec)))]
+    seen: set[str] = set()
+    for i, g in enumerate(specs):
+        if g.id in seen:
+            raise InputError(f"gpus.{i}", f"{g.id!r} is given twice; each GPU id at most once")
+        seen.add(g.id)
+    return specs
+
+
 def plan(
     model: ModelSpec | str,
-    workload: Workload,
-    slo: SLO,
-    gpus: list[str | GPUSpec] | None = None,
-    modes: list[Mode] | None = None,
+    workload: Workload | Mapping[str, Any],
+    slo: SLO | Mapping[str, Any],
+    gpus: Sequence[str | GPUSpec | Mapping[str, Any]] | str | GPUSpec | None = None,
+    modes: Sequence[Mode] | Mode | None = None,
     objective: Objective = "gpus",
-    tps: tuple[int, ...] = TPS,
-    chunk_sizes: tuple[int, ...] = CHUNKS,
+    tps: Sequence[int] | int = TPS,
+    chunk_sizes: Sequence[int] | int = CHUNKS,
     weight_dtype: WeightDtype = "bf16",
     kv_dtype: KVDtype = "bf16",
     kv_link: Literal["scaleout", "scaleup"] = "scaleout",
@@ -294,41 +332,42 @@ def plan(
 ) -> Plan:
     """Rank deployments that meet ``slo`` at ``workload.rate``; say why when none does.
 
-    ``gpus`` are database ids or inline ``GPUSpec`` records (a custom GPU; it wins over a database
-    entry with the same id). ``whole_nodes`` bills every pool by whole 8-GPU nodes (and fills them
-    with instances).
+    ``workload`` and ``slo`` are the models or mappings of their fields. ``gpus`` are database ids
+    or inline ``GPUSpec`` records (a custom GPU; it wins over a database entry with the same id), at
+    most 16; a lone id or spec is one GPU type (a string is never read as a list of characters);
+    ``None`` searches the whole database. ``modes``, ``tps`` and ``chunk_sizes`` likewise take one
+    value or a list. ``whole_nodes`` bills every pool by whole 8-GPU nodes (and fills them with
+    instances). Invalid arguments raise ``InputError`` naming the argument (``gpus.1``,
+    ``workload.isl.samples``), among them a workload whose longest prompt and output exceed the
+    model's context window. The search checks ``pc.deadline``'s budget between configurations.
     Pipeline stages (pp 2, 4) are tried only for GPU types on which the model does not fit at the
     largest tp: in serving, pp only adds stage hand-offs when tp alone suffices.
     """
-    m = load_model(model) if isinstance(model, str) else model
-    wanted = list(gpus) if gpus is not None else list_gpus()
-    if not wanted:
-        raise ValueError("gpus: give at least one GPU id")
-    if len(wanted) > MAX_GPU_TYPES:
-        raise ValueError(f"gpus: at most {MAX_GPU_TYPES} GPU types per plan, got {len(wanted)}")
-    specs = [load_gpu(g) if isinstance(g, str) else g for g in wanted]  # unknown ids raise, naming the closest
+    m = model_spec(model)
+    workload = as_model("workload", workload, Workload)
+    slo = as_model("slo", slo, SLO)
+    specs = _gpu_specs(gpus)
     gpu_ids = [g.id for g in specs]
-    if len(set(gpu_ids)) != len(gpu_ids):
-        raise ValueError("gpus: each GPU id at most once")
-    modes = list(modes) if modes is not None else ["mixed", "chunked", "disaggregated"]
-    if not modes or any(x not in ("mixed", "chunked", "disaggregated") for x in modes):
-        raise ValueError("modes: choose from mixed, chunked, disaggregated")
-    if objective not in ("gpus", "cost", "cost_per_token"):
-        raise ValueError("objective: choose gpus, cost or cost_per_token")
-    if not tps or any(t not in (1, 2, 4, 8, 16) for t in tps):
-        raise ValueError("tps: tensor-parallel degrees must be among 1, 2, 4, 8, 16")
-    if not chunk_sizes or any(not 64 <= c <= 65_536 for c in chunk_sizes):
-        raise ValueError("chunk_sizes: token budgets must lie in 64 ... 65536")
-    if workload.isl.mean + workload.osl.mean > m.max_position_embeddings:
-        raise ValueError(f"workload: mean isl + osl = {workload.isl.mean + workload.osl.mean:g} tokens exceeds "
-                         f"{m.id}'s context window of {m.max_position_embeddings}")
+    modes = list(MODES) if modes is None else [choice(f"modes.{i}", x, MODES)
+                                               for i, x in enumerate(items("modes", modes, len(MODES)))]
+    choice("objective", objective, OBJECTIVES)
+    tps = tuple(choice(f"tps.{i}", integer(f"tps.{i}", t, 1, MAX_TP), TP_CHOICES)
+                for i, t in enumerate(items("tps", tps, len(TP_CHOICES), (int, np.integer))))
+    chunk_sizes = tuple(integer(f"chunk_sizes.{i}", c, MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS)
+                        for i, c in enumerate(items("chunk_sizes", chunk_sizes, MAX_CHUNK_BUDGETS, (int, np.integer))))
+    choice("weight_dtype", weight_dtype, WEIGHT_DTYPES)
+    choice("kv_dtype", kv_dtype, KV_DTYPES)
+    choice("kv_link", kv_link, ("scaleout", "scaleup"))
+    whole_nodes = flag("whole_nodes", whole_nodes)
+    check_context(m, workload)
 
     singles = _singles(m, specs, tps, workload, weight_dtype, kv_dtype)
     cands: list[Candidate] = []
-    points: list[tuple] = []  # Pareto material: every stable (configuration, load) on the rate grids
+    points: list[_Points] = []  # Pareto material: every stable (configuration, load) on the rate grids
     searched = 0
     chunks = np.asarray(sorted(set(chunk_sizes)), dtype=float)
     for s in singles:
+        budget.check()
         found, n_searched = _single_pool_candidates(m, s, workload, slo, modes, chunks, whole_nodes, points)
         cands += found
         searched += n_searched
@@ -345,6 +384,7 @@ def plan(
         reason, start = _infeasible(m, singles, workload, slo, gpu_ids)
         nearest = None
         for factor in NEAREST_SLO_FACTORS if start is not None and _verify_nearest else ():
+            budget.check()
             trial = _slo_or_none(start.ttft_s * factor, start.tpot_s * factor, slo.percentile)
             if trial is not None and plan(m, workload, trial, specs, modes, objective, tps, chunk_sizes, weight_dtype,
                                           kv_dtype, kv_link, whole_nodes, _verify_nearest=False).feasible:
@@ -366,6 +406,7 @@ def _singles(m: ModelSpec, specs: list[GPUSpec], tps: tuple[int, ...], w: Worklo
     for gpu in specs:
         g = gpu.id
         for tp in sorted(set(tps)):
+            budget.check()
             if m.num_attention_heads % tp:
                 continue  # heads must split evenly over the tensor-parallel group
             pm = PoolModel.build(m, Pool(gpu=g, tp=tp, weight_dtype=weight_dtype, kv_dtype=kv_dtype), w, gpu)
@@ -375,6 +416,7 @@ def _singles(m: ModelSpec, specs: list[GPUSpec], tps: tuple[int, ...], w: Worklo
             m.num_attention_heads % t == 0 for t in tps) else None
         if top_tp is not None and not any(s.gpu == g for s in out):
             for pp in PIPELINE_STAGES:
+                budget.check()
                 pool = Pool(gpu=g, tp=top_tp, pp=pp, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
                 if pp > m.num_layers:
                     break
@@ -386,13 +428,15 @@ def _singles(m: ModelSpec, specs: list[GPUSpec], tps: tuple[int, ...], w: Worklo
 
 
 def _best_of_each_mode_first(cands: list[Candidate]) -> list[Candidate]:
+    """The ranking with the best of each mode moved to the front (in rank order). Positions, not
+    ``==``: comparing pydantic records field by field over thousands of candidates costs milliseconds."""
     heads = []
     for mode in ("mixed", "chunked", "disaggregated"):
-        c = next((c for c in cands if c.mode == mode), None)
-        if c is not None:
-            heads.append(c)
-    rest = [c for c in cands if c not in heads]
-    return sorted(heads, key=cands.index) + rest
+        i = next((i for i, c in enumerate(cands) if c.mode == mode), None)
+        if i is not None:
+            heads.append(i)
+    first = set(heads)
+    return [cands[i] for i in sorted(heads)] + [c for i, c in enumerate(cands) if i not in first]
 
 
 PARTNERS_PER_DECODE_POOL = 3
@@ -408,6 +452,7 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
     relaxed = SLO(ttft_s=3600, tpot_s=slo.tpot_s, percentile=slo.percentile)
     decode_side: list[tuple[_Single, Pool, float]] = []
     for s in singles:
+        budget.check()
         one = s.pm.pool.model_copy(update={"instances": 1})
         # the decode side alone: a prefill pool too large to queue, so only decode limits this check
         unbounded = s.pm.pool.model_copy(update={"instances": MAX_POOL_INSTANCES})
@@ -430,12 +475,14 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
     searched = 0
     n = np.arange(1, MAX_PREFILL_INSTANCES + 1)
     for p in singles:
+        budget.check()
         service = PrefillService.of(p.pm, w, slo.p)
         if service.quantile_s >= slo.ttft_s:
             continue
         _, wait_p = queue_wait(w.rate, service, n, slo.p)  # p-quantile wait for 1 ... N prefill instances
         stable = w.rate * service.mean_s / n < 1
         for j, (dec, dec_pool, cap) in enumerate(decode_side):
+            budget.check()
             searched += 1
             t_kv = kv_move_s(m, kv_bytes, p.pm, dec.pm, kv_link, False, service.mean_s)
             ok = (wait_p + service.quantile_s + t_kv <= slo.ttft_s) & stable
@@ -450,6 +497,7 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
     for _, j, p, pre_pool, dec, dec_pool, capacity, _t_kv in sorted(pairs, key=lambda x: x[0]):
         if kept.get(j, 0) >= PARTNERS_PER_DECODE_POOL:
             continue
+        budget.check()
         d = Deployment(mode="disaggregated", prefill=pre_pool, decode=dec_pool, kv_link=kv_link)
         c = _candidate(m, d, w, slo, capacity, (p.pm, dec.pm), whole_nodes)
         if c is not None:
@@ -462,18 +510,38 @@ PARETO_STEP = 1.25
 """A frontier point is kept when it gives at least 25% more tokens/s per GPU than the previous one."""
 
 
-def _pareto(points: list[tuple], cands: list[Candidate]) -> tuple[ParetoPoint, ...]:
+def _pareto(points: list[_Points], cands: list[Candidate]) -> tuple[ParetoPoint, ...]:
     """The frontier of output tokens/s per GPU against tokens/s per user over every single-pool
-    configuration at every load on its rate grid, and the disaggregated candidates."""
-    pts = [*points, *((c.output_tokens_per_s_per_gpu, c.tokens_per_s_per_user, True, c.deployment, None)
-                      for c in cands if c.mode == "disaggregated")]
-    frontier, best_gpu = [], -1.0
-    for per_gpu, per_user, meets, d, rate in sorted(pts, key=lambda x: (-x[1], -x[0])):
-        if per_gpu > best_gpu * PARETO_STEP:
-            label = _describe_config(d) + (f" at {rate:.3g} req/s per instance" if rate is not None else "")
-            frontier.append(ParetoPoint(label=label, output_tokens_per_s_per_gpu=per_gpu, tokens_per_s_per_user=per_user,
-                                        meets_slo=meets))
-            best_gpu = per_gpu
+    configuration at every load on its rate grid, and the disaggregated candidates.
+
+    Points are taken from the most tokens/s per user down (ties: the most per GPU first, then the
+    search order); each kept point beats the last kept one's tokens/s per GPU by PARETO_STEP. The
+    next kept point is the first whose running maximum of tokens/s per GPU passes the threshold, so
+    the scan is one binary search per kept point (all points before it stay under the threshold).
+    """
+    blocks = [*points, *(_Points(np.array([c.output_tokens_per_s_per_gpu]), np.array([c.tokens_per_s_per_user]),
+                                 np.array([True]), c.deployment, None) for c in cands if c.mode == "disaggregated")]
+    if not blocks:
+        return ()
+    budget.check()
+    per_gpu = np.concatenate([b.per_gpu for b in blocks])
+    per_user = np.concatenate([b.per_user for b in blocks])
+    block = np.repeat(np.arange(len(blocks)), [b.per_gpu.size for b in blocks])
+    start = np.cumsum([0] + [b.per_gpu.size for b in blocks])
+    order = np.lexsort((-per_gpu, -per_user))  # stable: equal points keep the search order
+    running = np.maximum.accumulate(per_gpu[order])
+    frontier: list[ParetoPoint] = []
+    best_gpu, i = -1.0, 0
+    while i < order.size:
+        budget.check()
+        k = int(order[i])
+        b, j = blocks[block[k]], k - start[block[k]]
+        label = _describe_config(b.deployment) + (
+            f" at {float(b.rates[j]):.3g} req/s per instance" if b.rates is not None else "")
+        frontier.append(ParetoPoint(label=label, output_tokens_per_s_per_gpu=float(per_gpu[k]),
+                                    tokens_per_s_per_user=float(per_user[k]), meets_slo=bool(b.meets[j])))
+        best_gpu = float(per_gpu[k])
+        i = int(np.searchsorted(running, best_gpu * PARETO_STEP, side="right"))
     return tuple(frontier)
 
 
@@ -505,9 +573,12 @@ def _infeasible(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, gpu
         return (f"{m.id} does not fit on any of {', '.join(gpu_ids)} at tp up to 8 "
                 f"with the requested precision; try fp8 weights or larger GPUs"), None
     ctx = w.isl.mean + (w.osl.mean + 1) / 2
-    floors = [(float(s.pm.decode_s(1, ctx)), s) for s in singles]
+    floors, ttfts = [], []
+    for s in singles:
+        budget.check()
+        floors.append((float(s.pm.decode_s(1, ctx)), s))
+        ttfts.append((PrefillService.of(s.pm, w, slo.p).quantile_s, s))
     tpot_floor, fs = min(floors, key=lambda x: x[0])
-    ttfts = [(PrefillService.of(s.pm, w, slo.p).quantile_s, s) for s in singles]
     ttft_floor, ts = min(ttfts, key=lambda x: x[0])
     nearest = _slo_or_none(max(slo.ttft_s, 1.25 * ttft_floor), max(slo.tpot_s, 1.25 * tpot_floor), slo.percentile)
     if slo.tpot_s < tpot_floor:

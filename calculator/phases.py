@@ -20,6 +20,7 @@ from numpy.typing import ArrayLike
 from hardware_db.schema import GPUSpec, ModelSpec
 
 from . import formulas as f
+from .errors import InputError
 from .kv_cache import kv_elements_per_token_layer
 from .params import attention_params, shape_values
 from .precision import (
@@ -58,16 +59,18 @@ class Setup:
     def __post_init__(self) -> None:
         m, g = self.model, self.gpu
         for name, v in (("tp", self.tp), ("pp", self.pp), ("ep", self.ep)):
-            if not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise InputError(name, f"must be a positive integer, got {v!r}")
         if self.ep > 1 and m.moe is None:
-            raise ValueError("ep: expert parallelism needs a mixture-of-experts model")
+            raise InputError("ep", "expert parallelism needs a mixture-of-experts model")
         if self.tp % self.ep != 0:
-            raise ValueError(f"ep: must divide tp (experts are split inside the tensor-parallel group), got ep={self.ep}, tp={self.tp}")
+            raise InputError("ep", f"must divide tp (experts are split inside the tensor-parallel group), "
+                                   f"got ep={self.ep}, tp={self.tp}")
         if m.num_attention_heads % self.tp:
-            raise ValueError(f"tp: {m.id}'s {m.num_attention_heads} attention heads do not split evenly over tp={self.tp}")
+            raise InputError("tp", f"{m.id}'s {m.num_attention_heads} attention heads do not split evenly over "
+                                   f"tp={self.tp}")
         if self.pp > m.num_layers:
-            raise ValueError(f"pp: {self.pp} stages exceed the model's {m.num_layers} layers")
+            raise InputError("pp", f"{self.pp} stages exceed the model's {m.num_layers} layers")
         v = dict(shape_values(m))
         eff = g.efficiency
         in_node = self.tp <= g.scaleup_domain_gpus

@@ -6,6 +6,8 @@ from typing import Literal, get_args
 
 from hardware_db.schema import KVDtype, WeightDtype
 
+from .errors import InputError
+
 MathRate = Literal["bf16", "fp8", "int8", "fp4"]
 
 WEIGHT_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5}
@@ -26,12 +28,12 @@ KV_DTYPES: tuple[str, ...] = get_args(KVDtype)
 
 
 def weight_bytes(dtype: str) -> float:
-    if dtype not in WEIGHT_BYTES:
-        raise ValueError(f"weight_dtype: unknown {dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
+    if not isinstance(dtype, str) or dtype not in WEIGHT_BYTES:
+        raise InputError("weight_dtype", f"unknown {dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
     return WEIGHT_BYTES[dtype]
 
 
 def kv_bytes(dtype: str) -> float:
-    if dtype not in KV_BYTES:
-        raise ValueError(f"kv_dtype: unknown {dtype!r}; choose one of {', '.join(KV_DTYPES)}")
+    if not isinstance(dtype, str) or dtype not in KV_BYTES:
+        raise InputError("kv_dtype", f"unknown {dtype!r}; choose one of {', '.join(KV_DTYPES)}")
     return KV_BYTES[dtype]

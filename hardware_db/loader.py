@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .errors import HardwareDBError, UnknownIdError
+from .errors import HardwareDBError, InputError, UnknownIdError
 from .schema import GPUFile, GPUSpec, ModelFile, ModelSpec, UserFile
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -92,6 +92,9 @@ def database(path: str | os.PathLike[str] | None = None) -> tuple[dict[str, GPUS
 
 
 def load_gpu(gpu_id: str, path: str | os.PathLike[str] | None = None) -> GPUSpec:
+    """The GPU with this id; ``UnknownIdError`` (naming the closest ids) if there is none."""
+    if not isinstance(gpu_id, str):
+        raise InputError("gpu", f"a GPU id is a string (see list_gpus()), got {type(gpu_id).__name__}")
     gpus, _ = database(path)
     try:
         return gpus[gpu_id]
@@ -100,6 +103,9 @@ def load_gpu(gpu_id: str, path: str | os.PathLike[str] | None = None) -> GPUSpec
 
 
 def load_model(model_id: str, path: str | os.PathLike[str] | None = None) -> ModelSpec:
+    """The model with this id; ``UnknownIdError`` (naming the closest ids) if there is none."""
+    if not isinstance(model_id, str):
+        raise InputError("model", f"a model id is a string (see list_models()), got {type(model_id).__name__}")
     _, models = database(path)
     try:
         return models[model_id]

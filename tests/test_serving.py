@@ -77,8 +77,9 @@ def test_overload_is_reported_unstable():
     w = pc.Workload(rate=500.0, isl=4000, osl=500)
     r = pc.evaluate("llama-3.1-8b", pc.Deployment(mode="mixed", pool=pc.Pool(gpu="h100-sxm")), w)
     assert not r.stable and "overloaded" in r.reason
-    with pytest.raises(ValueError, match="unstable"):
+    with pytest.raises(pc.UnstableError, match="^ttft: the deployment is unstable") as info:
         r.ttft_s(90)
+    assert info.value.field == "ttft"
 
 
 def test_disaggregated_ttft_includes_kv_transfer_and_grows_on_slower_links():
@@ -124,9 +125,10 @@ def test_infeasible_tpot_names_the_decode_floor():
 
 
 def test_workload_beyond_the_context_window_is_an_input_error():
-    with pytest.raises(ValueError, match="^workload: .*context window"):
+    with pytest.raises(pc.InputError, match="^workload.isl: mean isl 4,000 .*context window of 2,048") as info:
         pc.plan("opt-13b", workload=pc.Workload(rate=1.0, isl=4000, osl=100), slo=pc.SLO(ttft_s=2, tpot_s=0.1),
                 gpus=["h100-sxm"])
+    assert info.value.field == "workload.isl"
 
 
 @pytest.mark.parametrize("rate", [1.0, 4.0])
@@ -145,7 +147,7 @@ def test_doubling_rate_never_lowers_gpus_and_looser_slo_stays_feasible(rate):
 
 def test_plan_input_errors():
     w = pc.Workload(rate=1.0, isl=100, osl=10)
-    with pytest.raises(ValueError, match="gpus"):
+    with pytest.raises(pc.InputError, match="^gpus: give at least one"):
         pc.plan("llama-3.1-8b", workload=w, slo=pc.SLO(ttft_s=1, tpot_s=0.1), gpus=[])
     with pytest.raises(pc.UnknownIdError, match="h100-sxm"):
         pc.plan("llama-3.1-8b", workload=w, slo=pc.SLO(ttft_s=1, tpot_s=0.1), gpus=["h100"])
@@ -157,12 +159,39 @@ def test_plan_input_errors():
 
 def test_length_distributions():
     fixed = pc.Length.model_validate(4000)
-    pair = pc.Length.model_validate([4000, 0.5])
+    lognormal = pc.Length.model_validate({"mean": 4000, "cv": 0.5})
     samples = pc.Length.model_validate([100, 200, 300, 400])
     assert fixed.points()[0].tolist() == [4000]
-    vals, w = pair.points()
+    vals, w = lognormal.points()
     assert np.sum(vals * w) == pytest.approx(4000, rel=0.05)
     assert samples.mean == 250 and samples.quantile(0.5) == 250
+    # std of 100, 200, 300, 400 is sqrt(12500) = 111.8; cv = 111.8 / 250
+    assert samples.cv == pytest.approx(12_500**0.5 / 250)
+
+
+@pytest.mark.parametrize("given", [[1000, 2000], [7], {"samples": [1000, 2000]}])
+def test_a_list_is_always_samples(given):
+    # two numbers are two samples, never (mean, cv): the form says what it is
+    length = pc.Length.model_validate(given)
+    assert length.samples == tuple(given["samples"] if isinstance(given, dict) else given)
+    assert length.mean == sum(length.samples) / len(length.samples)
+
+
+def test_a_cv_derived_from_samples_is_not_bounded():
+    # 9,999 one-token requests and one of 10^6: mean 100.9999, std 9999.49, cv 99.005 (the given-cv bound is 10)
+    length = pc.Length.model_validate([1] * 9_999 + [1_000_000])
+    assert length.mean == pytest.approx(100.9999) and length.cv == pytest.approx(99.005, rel=1e-4)
+    with pytest.raises(ValueError, match="cv"):
+        pc.Length.model_validate({"mean": 1000, "cv": 11})
+
+
+@pytest.mark.parametrize("given", [4000, {"mean": 4000, "cv": 0.7}, [5], [100, 200, 300], [1] * 99 + [10**6]])
+def test_length_dumps_validate_back_to_the_same_length(given):
+    length = pc.Length.model_validate(given)
+    assert pc.Length.model_validate(length.model_dump()) == length
+    assert pc.Length.model_validate_json(length.model_dump_json()) == length
+    w = pc.Workload(rate=1.0, isl=given, osl=10)
+    assert pc.Workload.model_validate_json(w.model_dump_json()) == w
 
 
 _plan_inputs = st.fixed_dictionaries({

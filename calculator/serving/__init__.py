@@ -6,13 +6,17 @@ searches over.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from hardware_db.loader import load_model
 from hardware_db.schema import GPUSpec, ModelSpec
 
+from .. import budget
+from ..arguments import as_model, gpu_spec, items, model_spec
+from ..errors import InputError, UnknownIdError
+from ..limits import MAX_GPU_TYPES
 from . import chunked, disaggregated, mixed
 from .base import PERCENTILES, Deployment, Evaluation, ModeArrays, Pool, PoolModel, finite_or_none, rate_grid
 from .workload import SLO, Length, Workload
@@ -37,22 +41,37 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, rates, p: float,
         return ANALYSERS[d.mode](model, d, w, rates, p, pools[0])
 
 
-def evaluate(model: ModelSpec | str, deployment: Deployment, workload: Workload, slo: SLO | None = None,
-             gpus: Sequence[GPUSpec] = ()) -> Evaluation:
+def evaluate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
+             workload: Workload | Mapping[str, Any], slo: SLO | Mapping[str, Any] | None = None,
+             gpus: Sequence[GPUSpec | Mapping[str, Any]] | GPUSpec = ()) -> Evaluation:
     """TTFT/TPOT statistics, utilisation and goodput of a deployment at the workload's rate.
 
-    ``gpus`` are inline GPU specs for pool ids that are not in the database (or override them).
+    ``deployment``, ``workload`` and ``slo`` are the models or mappings of their fields. ``gpus``
+    are inline GPU specs (one or a list) for pool ids that are not in the database (or override
+    them). Invalid arguments raise ``InputError`` naming the argument path
+    (``deployment.prefill.tp``); a workload whose longest prompt and output exceed the model's
+    context window is one.
     """
-    m = load_model(model) if isinstance(model, str) else model
-    custom = {g.id: g for g in gpus}
-    pools = [PoolModel.build(m, p, workload, custom.get(p.gpu)) for p in deployment.pools]
+    m = model_spec(model)
+    deployment = as_model("deployment", deployment, Deployment)
+    workload = as_model("workload", workload, Workload)
+    slo = None if slo is None else as_model("slo", slo, SLO)
+    given = [] if isinstance(gpus, (list, tuple)) and not gpus else items("gpus", gpus, MAX_GPU_TYPES,
+                                                                          (GPUSpec, Mapping))
+    custom = {spec.id: spec for spec in (as_model(f"gpus.{i}", g, GPUSpec) for i, g in enumerate(given))}
+    check_context(m, workload)
+    names = ("prefill", "decode") if deployment.mode == "disaggregated" else ("pool",)
+    pools = [_pool_model(m, name, p, workload, custom) for name, p in zip(names, deployment.pools)]
     bad = next((pm for pm in pools if not pm.fits), None)
     if bad is not None:
         return Evaluation(mode=deployment.mode, stable=False, reason=bad.reason, utilisation=None, ttft_mean_s=None,
                           tpot_mean_s=None, kv_transfer_s=None, decode_batch=None, goodput_rps=0.0,
                           num_gpus=deployment.num_gpus)
     rate = np.array([workload.rate])
-    by_p = {pc: analyse(m, deployment, workload, rate, pc / 100, tuple(pools)) for pc in PERCENTILES}
+    by_p = {}
+    for pc in PERCENTILES:
+        budget.check()
+        by_p[pc] = analyse(m, deployment, workload, rate, pc / 100, tuple(pools))
     base = by_p[90]
     stable = bool(base.stable[0])
     goodput = _goodput(m, deployment, workload, slo, tuple(pools)) if slo is not None else None
@@ -72,10 +91,39 @@ def evaluate(model: ModelSpec | str, deployment: Deployment, workload: Workload,
     )
 
 
+def _pool_model(m: ModelSpec, name: str, pool: Pool, w: Workload, custom: dict[str, GPUSpec]) -> PoolModel:
+    """The pool's PoolModel; an unknown GPU id or a layout the model cannot take names the pool's field."""
+    where = f"deployment.{name}"
+    gpu = custom.get(pool.gpu) or gpu_spec(pool.gpu, f"{where}.gpu")
+    try:
+        return PoolModel.build(m, pool, w, gpu)
+    except InputError as e:
+        if isinstance(e, UnknownIdError):
+            raise
+        raise InputError(f"{where}.{e.field}", e.reason) from None
+
+
+def check_context(m: ModelSpec, w: Workload, field: str = "workload") -> None:
+    """``InputError`` when the longest prompt plus the longest output exceed the model's context window
+    (for a (mean, cv) length its mean counts, for samples the longest sample)."""
+    isl, osl = w.isl.longest_tokens, w.osl.longest_tokens
+    if isl + osl <= m.max_position_embeddings:
+        return
+
+    def what(name: str, length: Length) -> str:
+        return f"{'longest' if length.samples is not None else 'mean'} {name} {length.longest_tokens:,.0f}"
+
+    where = (f"{field}.isl.samples" if w.isl.samples is not None
+             else f"{field}.osl.samples" if w.osl.samples is not None else f"{field}.isl")
+    raise InputError(where, f"{what('isl', w.isl)} + {what('osl', w.osl)} = {isl + osl:,.0f} tokens exceeds "
+                            f"{m.id}'s context window of {m.max_position_embeddings:,} tokens")
+
+
 def _goodput(m: ModelSpec, d: Deployment, w: Workload, slo: SLO, pools: tuple[PoolModel, ...]) -> float:
     """Largest rate on a fine geometric grid at which the SLO holds at its percentile."""
     upper = 4 * max(w.rate, 1e-3)
     for _ in range(8):  # widen until the grid reaches a rate that fails
+        budget.check()
         rates = rate_grid(upper)
         ok = analyse(m, d, w, rates, slo.p, pools).meets(slo)
         if not ok[-1]:

@@ -20,10 +20,12 @@ from hardware_db.loader import load_gpu
 from hardware_db.schema import GPUSpec, KVDtype, ModelSpec, WeightDtype
 
 from .. import formulas as f
+from ..errors import InputError, UnstableError
 from ..estimate import memory_breakdown
 from ..kv_cache import kv_bytes_per_gpu
+from ..limits import MAX_PARALLEL
 from ..phases import Setup, step_groups, step_time_s
-from .workload import SLO, Workload
+from .workload import SLO, Count, Workload
 
 Mode = Literal["mixed", "chunked", "disaggregated"]
 DEFAULT_BATCH_CAP = 512
@@ -36,10 +38,10 @@ class Pool(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     gpu: str = Field(min_length=1, max_length=64)
-    tp: int = Field(default=1, ge=1, le=64)
-    pp: int = Field(default=1, ge=1, le=64)
-    instances: int = Field(default=1, ge=1, le=10_000)
-    max_batch: int = Field(default=DEFAULT_BATCH_CAP, ge=1, le=16_384, description="engine cap on concurrent sequences")
+    tp: Count = Field(default=1, ge=1, le=MAX_PARALLEL)
+    pp: Count = Field(default=1, ge=1, le=MAX_PARALLEL)
+    instances: Count = Field(default=1, ge=1, le=10_000)
+    max_batch: Count = Field(default=DEFAULT_BATCH_CAP, ge=1, le=16_384, description="engine cap on concurrent sequences")
     weight_dtype: WeightDtype = "bf16"
     kv_dtype: KVDtype = "bf16"
 
@@ -57,7 +59,7 @@ class Deployment(BaseModel):
     pool: Pool | None = Field(default=None, description="mixed / chunked: the one pool")
     prefill: Pool | None = Field(default=None, description="disaggregated: the prefill pool")
     decode: Pool | None = Field(default=None, description="disaggregated: the decode pool")
-    chunk_tokens: int = Field(default=2048, ge=64, le=65_536, description="chunked: token budget per iteration")
+    chunk_tokens: Count = Field(default=2048, ge=64, le=65_536, description="chunked: token budget per iteration")
     kv_link: Literal["scaleout", "scaleup"] = Field(
         default="scaleout", description="disaggregated: NIC between nodes, or the scale-up link inside one node")
     layerwise_kv_overlap: bool = Field(default=False, description="disaggregated: send each layer's KV as it is computed")
@@ -65,10 +67,16 @@ class Deployment(BaseModel):
     @model_validator(mode="after")
     def _pools(self) -> Deployment:
         if self.mode == "disaggregated":
-            if self.prefill is None or self.decode is None or self.pool is not None:
-                raise ValueError("disaggregated: give prefill and decode pools (and no pool)")
-        elif self.pool is None or self.prefill is not None or self.decode is not None:
-            raise ValueError(f"{self.mode}: give one pool (and no prefill/decode pools)")
+            if self.prefill is None or self.decode is None:
+                raise ValueError(f"{'prefill' if self.prefill is None else 'decode'}: a disaggregated deployment "
+                                 "needs a prefill and a decode pool")
+            if self.pool is not None:
+                raise ValueError("pool: a disaggregated deployment has a prefill and a decode pool instead")
+        elif self.pool is None:
+            raise ValueError(f"pool: a {self.mode} deployment needs its pool")
+        elif self.prefill is not None or self.decode is not None:
+            raise ValueError(f"{'prefill' if self.prefill is not None else 'decode'}: a {self.mode} deployment "
+                             "has one pool (and no prefill/decode pools)")
         return self
 
     @property
@@ -358,11 +366,14 @@ class Evaluation(BaseModel):
         return self._at(self.tpot_by_percentile_s, p, "tpot")
 
     def _at(self, table: dict[int, float], p: float, name: str) -> float:
+        """The percentile ``p`` (one of PERCENTILES); ``UnstableError`` when the rate overloads the deployment."""
         if not self.stable:
-            raise ValueError(f"{name}: the deployment is unstable at this rate ({self.reason})")
+            raise UnstableError(name, f"the deployment is unstable at this rate ({self.reason})")
+        if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) or not math.isfinite(p):
+            raise InputError("p", f"a percentile is a number, got {p!r}")
         key = int(round(p))
         if key not in table:
-            raise ValueError(f"p: percentile {p} not computed; available: {sorted(table)}")
+            raise InputError("p", f"percentile {p} not computed; available: {sorted(table)}")
         return table[key]
 
 

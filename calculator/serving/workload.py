@@ -7,55 +7,96 @@ from statistics import NormalDist
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from ..limits import MAX_SAMPLES
+from ..limits import MAX_SAMPLES, MAX_TOKENS
 
 QUADRATURE_POINTS = 16
+MAX_GIVEN_CV = 10.0
+"""Bound on a coefficient of variation given with a mean (one derived from samples is not bounded)."""
+
+
+def _not_bool(v: Any) -> Any:
+    if isinstance(v, (bool, np.bool_)):
+        # pydantic reports a ValueError under the field's name (a TypeError would escape it)
+        raise ValueError("must be a number, not a bool")  # noqa: TRY004
+    return v
+
+
+Number = Annotated[float, BeforeValidator(_not_bool)]
+Count = Annotated[int, BeforeValidator(_not_bool)]
+Sample = Annotated[int, Field(strict=True, ge=1, le=MAX_TOKENS)]  # strict: no bools, no floats
+_LENGTH_FORMS = "a number of tokens, {'mean': m, 'cv': c}, {'samples': [...]} or a list of samples"
+
+
+def _sample_array(v: Any) -> np.ndarray | None:
+    """The samples as an integer array when every one is a valid token count (vectorised), else None
+    (the ``samples`` field then reports the first bad one by index)."""
+    if not isinstance(v, (list, tuple, np.ndarray)) or not 1 <= len(v) <= MAX_SAMPLES:
+        return None
+    if not isinstance(v, np.ndarray) and any(isinstance(x, (bool, np.bool_)) for x in v):
+        return None  # numpy would read True as 1
+    try:
+        arr = np.asarray(v)
+    except (TypeError, ValueError):
+        return None
+    if arr.ndim != 1 or arr.dtype.kind not in "iu" or arr.min() < 1 or arr.max() > MAX_TOKENS:
+        return None
+    return arr
 
 
 class Length(BaseModel):
-    """A token-length distribution: fixed, (mean, coefficient of variation) or empirical samples."""
+    """A token-length distribution, in one of three explicit forms: a number (every request that
+    long), ``{"mean": m, "cv": c}`` (lognormal with that mean and coefficient of variation, cv ≤ 10)
+    or ``{"samples": [...]}`` (empirical; a bare list is samples too, of any length ≥ 1). With
+    samples, ``mean`` and ``cv`` follow them (a dump carries all three and validates back)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    mean: float = Field(ge=1, le=10_000_000, description="mean tokens")
-    cv: float = Field(default=0.0, ge=0, le=10, description="coefficient of variation (std / mean)")
-    samples: tuple[Annotated[int, Field(ge=1, le=10_000_000)], ...] | None = Field(
-        default=None, min_length=3, max_length=MAX_SAMPLES, description="empirical lengths (mean and cv follow them)")
+    mean: Number = Field(ge=1, le=MAX_TOKENS, description="mean tokens (with samples: their mean)")
+    cv: Number = Field(default=0.0, ge=0, description=f"coefficient of variation (std / mean), ≤ {MAX_GIVEN_CV:g} "
+                                                         "when given; with samples: theirs (unbounded)")
+    samples: tuple[Sample, ...] | None = Field(
+        default=None, min_length=1, max_length=MAX_SAMPLES,
+        description=f"empirical lengths, integers in 1 ... {MAX_TOKENS:,}; mean and cv follow them")
 
     @model_validator(mode="before")
     @classmethod
-    def _coerce(cls, v: Any) -> Any:
-        if isinstance(v, bool):
-            raise ValueError("a length must be a number, a (mean, cv) pair or a list of samples")
-        if isinstance(v, (int, float)):
+    def _forms(cls, v: Any) -> Any:
+        if isinstance(v, (bool, np.bool_, str, bytes)):
+            raise ValueError(f"a length is {_LENGTH_FORMS}; got {v!r}")  # noqa: TRY004 (see _not_bool)
+        if isinstance(v, (int, float, np.integer, np.floating)):
             return {"mean": v}
-        if isinstance(v, dict) and v.get("samples") is not None:
-            if not isinstance(v["samples"], (list, tuple)):
-                raise ValueError("samples: give a list of token counts")
-            if len(v["samples"]) < 3:
-                raise ValueError("samples: give at least 3 samples")
-            return cls._coerce(list(v["samples"]))
-        if isinstance(v, (list, tuple)):
-            if len(v) == 2:
-                return {"mean": v[0], "cv": v[1]}
-            if len(v) < 3:
-                raise ValueError("give a number, a (mean, cv) pair, or at least 3 samples")
-            if len(v) > MAX_SAMPLES:
-                raise ValueError(f"samples: at most {MAX_SAMPLES} samples")
-            if any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 1 for x in v):
-                raise ValueError("samples must be finite token counts >= 1")
-            arr = np.asarray(v, dtype=float)
-            return {"mean": float(arr.mean()), "cv": float(arr.std() / arr.mean()), "samples": tuple(int(x) for x in v)}
-        return v
+        if isinstance(v, (list, tuple, np.ndarray)):
+            v = {"samples": v}
+        if not isinstance(v, dict):
+            return v
+        if v.get("samples") is None:
+            cv = v.get("cv")
+            if isinstance(cv, (int, float)) and not isinstance(cv, bool) and cv > MAX_GIVEN_CV:
+                raise ValueError(f"cv: a given cv must be ≤ {MAX_GIVEN_CV:g}, got {cv:g}")
+            return v
+        arr = _sample_array(v["samples"])
+        if arr is None:
+            if isinstance(v["samples"], np.ndarray):
+                raise ValueError(f"samples: an array of integer token counts in 1 ... {MAX_TOKENS:,} "
+                                 f"(at most {MAX_SAMPLES:,}), got a {v['samples'].dtype} array of shape "
+                                 f"{v['samples'].shape}")
+            return {**v, "mean": 1.0, "cv": 0.0}  # the samples field then says what is wrong with them
+        tokens = arr.astype(float)
+        mean = float(tokens.mean())
+        derived = {"mean": mean, "cv": float(tokens.std() / mean)}
+        for name, value in derived.items():
+            given = v.get(name)
+            if given is not None and not (isinstance(given, (int, float)) and not isinstance(given, bool)
+                                          and math.isclose(given, value, rel_tol=1e-9, abs_tol=1e-12)):
+                raise ValueError(f"{name}: follows the samples ({value:g}); give samples, or mean and cv, not both")
+        return {**v, **derived, "samples": arr.tolist()}
 
-    @field_validator("mean")
-    @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError("must be finite")
-        return v
+    @property
+    def longest_tokens(self) -> float:
+        """What the context window must hold for this length: the longest sample, else the mean."""
+        return float(max(self.samples)) if self.samples is not None else self.mean
 
     def points(self) -> tuple[np.ndarray, np.ndarray]:
         """Values and weights that integrate over the distribution (lognormal for (mean, cv))."""
@@ -90,10 +131,10 @@ class Workload(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    rate: float = Field(ge=1e-6, le=1e6, description="requests per second (Poisson)")
-    isl: Length = Field(description="prompt tokens: a number, [mean, cv], or a list of samples")
-    osl: Length = Field(description="output tokens: a number, [mean, cv], or a list of samples")
-    prefix_hit: float = Field(default=0.0, ge=0, lt=1, description="fraction of the prompt served from the prefix cache")
+    rate: Number = Field(ge=1e-6, le=1e6, description="requests per second (Poisson)")
+    isl: Length = Field(description="prompt tokens: a number, {mean, cv}, {samples} or a list of samples")
+    osl: Length = Field(description="output tokens: a number, {mean, cv}, {samples} or a list of samples")
+    prefix_hit: Number = Field(default=0.0, ge=0, lt=1, description="fraction of the prompt served from the prefix cache")
 
     @field_validator("rate", "prefix_hit")
     @classmethod
@@ -108,9 +149,9 @@ class SLO(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    ttft_s: float = Field(gt=0, le=3600)
-    tpot_s: float = Field(gt=0, le=60)
-    percentile: float = Field(default=90, ge=50, le=99.9)
+    ttft_s: Number = Field(gt=0, le=3600)
+    tpot_s: Number = Field(gt=0, le=60)
+    percentile: Number = Field(default=90, ge=50, le=99.9)
 
     @field_validator("ttft_s", "tpot_s", "percentile")
     @classmethod
