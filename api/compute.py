@@ -48,24 +48,30 @@ def deadline_from_env() -> float:
 class Runner:
     """Heavy computations for one app: a thread pool, a concurrency cap and the deadline."""
 
-    def __init__(self, deadline_s: float, max_concurrent: int = 4) -> None:
-        self.deadline_s = deadline_s
+    def __init__(self, deadline_s: float | None = None, max_concurrent: int = 4) -> None:
+        self._deadline_s = deadline_s
         self.max_concurrent = max_concurrent
         self._pool = ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="pdplan-compute")
         self._slots: asyncio.Semaphore | None = None
 
+    @property
+    def deadline_s(self) -> float:
+        """The deadline given to the app, else ``PDPLAN_DEADLINE_S`` as it is now (``pdplan serve``
+        sets it after this module may have been imported), else the default."""
+        return self._deadline_s or deadline_from_env()
+
     async def run(self, request: Request, fn: Callable[..., T], *args: Any) -> T:
-        start = time.monotonic()
+        start, limit_s = time.monotonic(), self.deadline_s
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.max_concurrent)
         try:
-            await asyncio.wait_for(self._slots.acquire(), timeout=self.deadline_s)
+            await asyncio.wait_for(self._slots.acquire(), timeout=limit_s)
         except TimeoutError:
             raise Busy() from None
         try:
-            remaining = self.deadline_s - (time.monotonic() - start)
+            remaining = limit_s - (time.monotonic() - start)
             if remaining <= 0:
-                raise DeadlineExceeded(self.deadline_s)
+                raise DeadlineExceeded(limit_s)
             cancelled = threading.Event()
 
             def work() -> T:

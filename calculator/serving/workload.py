@@ -82,7 +82,8 @@ class Length(BaseModel):
                 raise ValueError(f"samples: an array of integer token counts in 1 ... {MAX_TOKENS:,} "
                                  f"(at most {MAX_SAMPLES:,}), got a {v['samples'].dtype} array of shape "
                                  f"{v['samples'].shape}")
-            return {**v, "mean": 1.0, "cv": 0.0}  # the samples field then says what is wrong with them
+            bad = v["samples"]  # the samples field then says what is wrong with them (a tuple: strict mode)
+            return {**v, "mean": 1.0, "cv": 0.0, "samples": tuple(bad) if isinstance(bad, list) else bad}
         tokens = arr.astype(float)
         mean = float(tokens.mean())
         derived = {"mean": mean, "cv": float(tokens.std() / mean)}
@@ -91,7 +92,7 @@ class Length(BaseModel):
             if given is not None and not (isinstance(given, (int, float)) and not isinstance(given, bool)
                                           and math.isclose(given, value, rel_tol=1e-9, abs_tol=1e-12)):
                 raise ValueError(f"{name}: follows the samples ({value:g}); give samples, or mean and cv, not both")
-        return {**v, **derived, "samples": arr.tolist()}
+        return {**v, **derived, "samples": tuple(arr.tolist())}
 
     @property
     def longest_tokens(self) -> float:
