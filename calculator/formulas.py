@@ -8,7 +8,6 @@ Each ``Formula`` is called with its symbols by name (a mapping, keywords or both
 broadcast, so one call evaluates a whole sweep. Importing this module does not import sympy;
 ``Formula.expr`` and ``SYMBOLS`` (the sympy symbols) import the source on first use.
 """
-# ruff: noqa: E501
 
 from __future__ import annotations
 

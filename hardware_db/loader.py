@@ -30,7 +30,7 @@ def _read(path: Path) -> Any:
     except OSError as e:
         raise HardwareDBError(f"{path}: cannot read ({e.strerror})") from None
     try:
-        return yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506  (a safe loader, C or Python)
+        return yaml.load(text, Loader=_YAML_LOADER)  # a safe loader, C or Python
     except yaml.YAMLError as e:
         raise HardwareDBError(f"{path}: not valid YAML: {e}") from None
 
