@@ -96,9 +96,14 @@ class _Printer(NumPyPrinter):
         return self._names[expr]
 
 
+_RESERVED = {"numpy", "functools", "Any", "Formula", "SYMBOL_TABLE"}
+"""Names the generated code uses, which a parameter must not shadow."""
+
+
 def parameter_name(arg: str) -> str:
     """The Python parameter for a symbol name (``lambda`` is a keyword: ``lambda_``)."""
-    name = arg if arg.isidentifier() and not keyword.iskeyword(arg) else re.sub(r"\W", "_", arg) + "_"
+    ok = arg.isidentifier() and not keyword.iskeyword(arg) and arg not in _RESERVED
+    name = arg if ok else re.sub(r"\W", "_", arg) + "_"
     assert name.isidentifier() and not keyword.iskeyword(name), arg
     return name
 

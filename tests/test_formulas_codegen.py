@@ -24,7 +24,8 @@ def _env(**extra: str) -> dict[str, str]:
 def test_committed_module_is_what_the_source_generates():
     committed = codegen.TARGET.read_text(encoding="utf-8")
     assert codegen.render() == committed, (
-        "calculator/formulas.py differs from its sympy source: run `python -m calculator.formulas_codegen`"
+        "calculator/formulas.py differs from what calculator/formulas_sympy.py generates with the installed "
+        f"sympy {sp.__version__}: run `python -m calculator.formulas_codegen` and commit both files"
     )
 
 
@@ -89,6 +90,8 @@ def test_generated_function_equals_lambdify(name):
 
 def test_the_keyword_symbol_gets_a_legal_parameter():
     assert codegen.parameter_name("lambda") == "lambda_"
+    assert codegen.parameter_name("numpy") == "numpy_"  # would shadow the module the code calls
+    assert codegen.parameter_name("E[S]") == "E_S__"
     assert f.littles_law_batch(TPOT=0.05, n_out=100, **{"lambda": 2.0}) == pytest.approx(10.0)
 
 
