@@ -1,18 +1,21 @@
 """Whole-process wall time of short pdplan commands: start-up included, as a user at a shell sees it.
 
-    python bench/startup.py [--n 10] [--root PATH]
+    python bench/startup.py [--n 10] [--root PATH ...] [--no-bytecode]
 
-Each command runs ``--n`` times in a fresh ``python3`` (after one unmeasured warm-up run) and the
-median, fastest and slowest wall times are printed as a Markdown table with the machine and the
-0.3 s target, with the median CPU time (user + system) beside them: on a busy machine the wall time
-grows with the load average, the CPU time much less.
+Each command runs ``--n`` times in a fresh ``python3``, after one unmeasured warm-up run. The runs
+are interleaved (round after round of every command of every checkout), so a change in the
+machine's load hits all rows alike. For each command the median, fastest and slowest wall times
+are printed as a Markdown table with the machine and the 0.3 s target, with the median CPU time
+(user + system) beside them: on a busy machine the wall time grows with the load, the CPU time less.
+
 ``pdplan ...`` rows call the console script's entry point, ``calculator.cli:main``, directly (what
 the installed ``pdplan`` script does, without a version manager's shim in front of it). ``--root``
-times another checkout (it goes first on PYTHONPATH; default: the one holding this file).
+times another checkout, or several to compare them (each goes first on PYTHONPATH and is the
+working directory; default: the checkout holding this file).
 
 Bytecode is cached, as after ``pip install``: the runs write and reuse ``.pyc`` files under a
 temporary ``PYTHONPYCACHEPREFIX``, even where ``PYTHONDONTWRITEBYTECODE`` is set. ``--no-bytecode``
-keeps that variable set instead, so every run compiles the sources it imports.
+sets that variable instead, so every run compiles the sources it imports.
 A benchmark, not a test: it always exits 0.
 """
 
@@ -65,43 +68,55 @@ def time_once_s(argv: list[str], root: Path, env: dict[str, str]) -> tuple[float
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), done.returncode
 
 
-def time_all(root: Path, env: dict[str, str], n: int) -> list[str]:
-    """One Markdown row per command."""
-    rows = []
-    for label, argv in COMMANDS:
-        time_once_s(argv, root, env)  # warm-up: page cache, __pycache__
-        runs = [time_once_s(argv, root, env) for _ in range(n)]
-        times = [t for t, _, _ in runs]
-        cpu = statistics.median(c for _, c, _ in runs)
-        failed = sorted({rc for _, _, rc in runs if rc != 0})
-        median = statistics.median(times)
+def environment(root: Path, pyc: str | None) -> dict[str, str]:
+    """The environment a run of ``root`` gets: the checkout first on PYTHONPATH, bytecode as chosen."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+    if pyc is None:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    else:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = pyc
+    return env
+
+
+def table(runs: dict[str, list[tuple[float, float, int]]]) -> str:
+    """The Markdown table of one checkout's runs, by command label."""
+    lines = [f"| command | median s | min s | max s | CPU s (median) | median <= {TARGET_S} s |",
+             "|---|---:|---:|---:|---:|---|"]
+    for label, results in runs.items():
+        walls = [w for w, _, _ in results]
+        cpu = statistics.median(c for _, c, _ in results)
+        failed = sorted({rc for _, _, rc in results if rc != 0})
+        median = statistics.median(walls)
         verdict = f"exit {failed}" if failed else ("yes" if median <= TARGET_S else "no")
-        rows.append(f"| `{label}` | {median:.3f} | {min(times):.3f} | {max(times):.3f} | {cpu:.3f} | {verdict} |")
-    return rows
+        lines.append(f"| `{label}` | {median:.3f} | {min(walls):.3f} | {max(walls):.3f} | {cpu:.3f} | {verdict} |")
+    return "\n".join(lines)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=10, help="timed runs per command")
-    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1], help="checkout to time")
+    ap.add_argument("--root", type=Path, action="append", help="checkout to time (repeat to compare several)")
     ap.add_argument("--no-bytecode", action="store_true", help="compile every import in every run (no .pyc)")
     a = ap.parse_args()
-    root = a.root.resolve()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
-    with tempfile.TemporaryDirectory(prefix="pdplan-pyc-") as pyc:
-        if a.no_bytecode:
-            env["PYTHONDONTWRITEBYTECODE"] = "1"
-        else:
-            env.pop("PYTHONDONTWRITEBYTECODE", None)
-            env["PYTHONPYCACHEPREFIX"] = pyc
-        rows = time_all(root, env, a.n)
+    roots = [r.resolve() for r in (a.root or [Path(__file__).resolve().parents[1]])]
+    runs: dict[Path, dict[str, list[tuple[float, float, int]]]] = {r: {label: [] for label, _ in COMMANDS}
+                                                                 for r in roots}
+    with tempfile.TemporaryDirectory(prefix="pdplan-pyc-") as tmp:
+        envs = {r: environment(r, None if a.no_bytecode else str(Path(tmp) / str(i))) for i, r in enumerate(roots)}
+        for r in roots:
+            for _, argv in COMMANDS:
+                time_once_s(argv, r, envs[r])  # warm-up: page cache, bytecode
+        for _ in range(a.n):
+            for r in roots:
+                for label, argv in COMMANDS:
+                    runs[r][label].append(time_once_s(argv, r, envs[r]))
+
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-    print(f"Machine: {cpu_name()}, {os.cpu_count()} cores; Python {platform.python_version()}; "
-          f"load average {load}; {a.n} runs each; bytecode {'not cached' if a.no_bytecode else 'cached'}; "
-          f"checkout {root}\n")
-    print(f"| command | median s | min s | max s | CPU s (median) | median <= {TARGET_S} s |")
-    print("|---|---:|---:|---:|---:|---|")
-    print("\n".join(rows))
+    print(f"Machine: {cpu_name()}, {os.cpu_count()} cores; Python {platform.python_version()}; load average {load}; "
+          f"{a.n} runs each, interleaved; bytecode {'not cached' if a.no_bytecode else 'cached'}.")
+    for r in roots:
+        print(f"\nCheckout {r}:\n\n{table(runs[r])}")
     return 0
 
 
