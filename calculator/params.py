@@ -1,4 +1,4 @@
-"""Parameter counts of a ModelSpec, evaluated from the sympy formulas in ``formulas``."""
+"""Parameter counts of a ModelSpec, evaluated by ``formulas`` (generated from ``formulas_sympy``)."""
 
 from __future__ import annotations
 
@@ -34,17 +34,17 @@ def _kind(m: ModelSpec) -> str:
 
 
 def param_count(m: ModelSpec) -> int:
-    return int(round(float(f.FORMULAS[f"total_params_{_kind(m)}"](shape_values(m)))))
+    return round(float(f.FORMULAS[f"total_params_{_kind(m)}"](shape_values(m))))
 
 
 def active_param_count(m: ModelSpec) -> int:
-    return int(round(float(f.FORMULAS[f"active_params_{_kind(m)}"](shape_values(m)))))
+    return round(float(f.FORMULAS[f"active_params_{_kind(m)}"](shape_values(m))))
 
 
 def attention_params(m: ModelSpec) -> int:
     """Per-layer attention parameters."""
     formula = f.attention_params_mla if m.mla is not None else f.attention_params_gqa
-    return int(round(float(formula(shape_values(m)))))
+    return round(float(formula(shape_values(m))))
 
 
 def embedding_params(m: ModelSpec) -> int:
@@ -56,4 +56,4 @@ def routed_expert_params(m: ModelSpec) -> int:
     """All routed-expert weights in the model (0 for dense models)."""
     if m.moe is None:
         return 0
-    return int(round(float(f.expert_params(shape_values(m))))) * m.moe.num_experts * m.num_moe_layers
+    return round(float(f.expert_params(shape_values(m)))) * m.moe.num_experts * m.num_moe_layers

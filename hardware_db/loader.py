@@ -21,6 +21,7 @@ DATA_DIR = Path(__file__).parent / "data"
 GPU_FILE = DATA_DIR / "gpus.yaml"
 MODEL_FILE = DATA_DIR / "models.yaml"
 ENV_VAR = "PDPLAN_HARDWARE_DB"
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's C parser when built: ~10x faster
 
 
 def _read(path: Path) -> Any:
@@ -29,7 +30,7 @@ def _read(path: Path) -> Any:
     except OSError as e:
         raise HardwareDBError(f"{path}: cannot read ({e.strerror})") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_YAML_LOADER)  # a safe loader, C or Python
     except yaml.YAMLError as e:
         raise HardwareDBError(f"{path}: not valid YAML: {e}") from None
 

@@ -37,7 +37,7 @@ def test_ring_allreduce_by_hand():
 
 
 def test_roofline_takes_the_slower_ceiling():
-    kw = dict(pi=1e15, eta_c=0.5, beta_hbm=1e12, eta_m=0.5, n_k=0, tau_k=0)
+    kw = {"pi": 1e15, "eta_c": 0.5, "beta_hbm": 1e12, "eta_m": 0.5, "n_k": 0, "tau_k": 0}
     assert f.roofline_time(F=1e12, Q=1e6, **kw) == pytest.approx(2e-3)  # compute: 1e12 / 5e14
     assert f.roofline_time(F=1e6, Q=1e9, **kw) == pytest.approx(2e-3)  # memory: 1e9 / 5e11
 

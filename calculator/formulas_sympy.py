@@ -1,0 +1,412 @@
+"""Every closed-form expression of pdplan, written once in sympy: the source of truth.
+
+Nothing at run time imports this module. ``python -m calculator.formulas_codegen`` prints each
+expression to numpy code and its LaTeX into ``calculator/formulas.py``, which the calculator
+evaluates; ``tests/test_formulas_codegen.py`` fails when that file is not what this one generates.
+Sympy is imported only by the generator, the tests, the docs build, and ``Formula.expr``.
+Arguments are named by symbol name. User input never reaches this module.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import sympy as sp
+
+# --- symbols -----------------------------------------------------------------------------------
+# name -> (symbol, meaning, unit). Assumptions keep simplification honest (sizes are non-negative).
+SYMBOLS: dict[str, tuple[sp.Symbol, str, str]] = {}
+
+
+def _sym(name: str, meaning: str, unit: str = "1", latex: str | None = None) -> sp.Symbol:
+    s = sp.Symbol(latex or name, nonnegative=True)
+    SYMBOLS[name] = (s, meaning, unit)
+    return s
+
+
+# model shape
+h = _sym("h", "hidden size", "elements")
+V = _sym("V", "vocabulary size", "tokens")
+L = _sym("L", "decoder layers", "layers")
+L_m = _sym("L_m", "MoE layers (the rest are dense)", "layers", "L_{m}")
+L_w = _sym("L_w", "sliding-window layers (the rest attend to the full context)", "layers", "L_{w}")
+n_q = _sym("n_q", "query heads", "heads", "n_{q}")
+n_kv = _sym("n_kv", "key/value heads", "heads", "n_{kv}")
+d = _sym("d", "head dimension", "elements", "d_{h}")
+I_ff = _sym("I", "dense MLP intermediate size", "elements", "I")
+g = _sym("g", "1 for a gated MLP (3 matrices), 0 for a plain one (2)", "1")
+beta_qkv = _sym("beta_qkv", "1 if q/k/v projections have biases", "1", r"\beta_{qkv}")
+beta_o = _sym("beta_o", "1 if the output projection has a bias", "1", r"\beta_{o}")
+beta_mlp = _sym("beta_mlp", "1 if MLP linears have biases", "1", r"\beta_{mlp}")
+nu_qk = _sym("nu_qk", "1 if q and k carry a per-head RMSNorm", "1", r"\nu_{qk}")
+sigma = _sym("sigma", "1 if each head has a learned attention-sink logit", "1", r"\sigma")
+n_norm = _sym("n_norm", "norms per layer", "1", r"n_{norm}")
+beta_ln = _sym("beta_ln", "1 for LayerNorm (weight+bias), 0 for RMSNorm (weight)", "1", r"\beta_{ln}")
+tie = _sym("tie", "1 if the LM head shares the embedding matrix", "1", r"\tau")
+P_pos = _sym("P_pos", "rows of a learned position-embedding table", "rows", "P_{pos}")
+# MoE
+E = _sym("E", "routed experts per MoE layer", "experts")
+k = _sym("k", "routed experts per token (top-k)", "experts")
+E_s = _sym("E_s", "shared (always-on) experts", "experts", "E_{s}")
+I_e = _sym("I_e", "expert intermediate size", "elements", "I_{e}")
+beta_e = _sym("beta_e", "1 if expert linears have biases", "1", r"\beta_{e}")
+beta_r = _sym("beta_r", "1 if the router has a bias / score-correction bias", "1", r"\beta_{r}")
+# MLA
+r_q = _sym("r_q", "query low-rank dimension (0: none)", "elements", "r_{q}")
+r_kv = _sym("r_kv", "key/value latent rank", "elements", "r_{kv}")
+d_n = _sym("d_n", "non-rotary q/k head dimension", "elements", "d_{nope}")
+d_r = _sym("d_r", "rotary q/k head dimension (shared rope key)", "elements", "d_{rope}")
+d_v = _sym("d_v", "value head dimension", "elements", "d_{v}")
+# attention maths
+d_qk = _sym("d_qk", "q.k dot-product width per head", "elements", "d_{qk}")
+d_pv = _sym("d_pv", "attention-output width per head", "elements", "d_{pv}")
+e_kv = _sym("e_kv", "cached K/V elements per token per layer on one GPU", "elements", "e_{kv}")
+W = _sym("W", "sliding-window length", "tokens")
+# workload
+S = _sym("S", "new (prefilled) tokens per request", "tokens")
+P = _sym("P", "cached prefix tokens per request", "tokens")
+c = _sym("c", "context length a decode step attends to", "tokens")
+b = _sym("b", "requests in the batch", "requests")
+T = _sym("T", "tokens processed in one forward step", "tokens")
+# precision
+b_w = _sym("b_w", "bytes per weight", "B", "b_{w}")
+b_kv = _sym("b_kv", "bytes per cached K/V element", "B", "b_{kv}")
+b_a = _sym("b_a", "bytes per activation element", "B", "b_{a}")
+# parallelism
+tp = _sym("tp", "tensor-parallel degree", "GPUs", "t")
+ep = _sym("ep", "expert-parallel degree", "GPUs", "e_{p}")
+# hardware
+F = _sym("F", "floating-point operations", "FLOP")
+Q = _sym("Q", "bytes moved to or from memory", "B")
+M_msg = _sym("M", "bytes in one collective message", "B")
+pi = _sym("pi", "peak FLOP/s", "FLOP/s", r"\pi")
+beta_hbm = _sym("beta_hbm", "HBM bandwidth", "B/s", r"\beta")
+beta_link = _sym("beta_link", "link bandwidth per direction", "B/s", r"\beta_{link}")
+eta_c = _sym("eta_c", "compute efficiency", "1", r"\eta_{c}")
+eta_m = _sym("eta_m", "memory efficiency", "1", r"\eta_{m}")
+eta_l = _sym("eta_l", "link efficiency", "1", r"\eta_{l}")
+n_k = _sym("n_k", "kernel launches", "kernels", "n_{k}")
+tau_k = _sym("tau_k", "latency per kernel", "s", r"\tau_{k}")
+alpha = _sym("alpha", "latency per collective", "s", r"\alpha")
+n_coll = _sym("n_coll", "collectives", "1", "n_{coll}")
+X_io = _sym("X_io", "input+output widths of a group's linear layers on one GPU, summed over layers", "elements", "X_{io}")
+N_lin = _sym("N_lin", "active linear-layer weights on one GPU (embeddings excluded)", "params", "N_{lin}")
+
+
+@dataclass(frozen=True)
+class Definition:
+    """One formula as written: its sympy expression, unit, one-line doc, argument names (sorted) and
+    the line of this file that defines it (which places it under a ``# --- section ---`` header)."""
+
+    name: str
+    expr: sp.Expr
+    unit: str
+    doc: str
+    args: tuple[str, ...]
+    line: int
+
+
+FORMULAS: dict[str, Definition] = {}
+
+
+def _formula(name: str, expr: sp.Expr, unit: str, doc: str) -> Definition:
+    by_symbol = {v[0]: n for n, v in SYMBOLS.items()}
+    args = tuple(sorted((by_symbol[s] for s in expr.free_symbols), key=str))
+    f = Definition(name, expr, unit, doc, args, sys._getframe(1).f_lineno)
+    FORMULAS[name] = f
+    return f
+
+
+# --- parameters --------------------------------------------------------------------------------
+attention_params_gqa = _formula(
+    "attention_params_gqa",
+    h * n_q * d + 2 * h * n_kv * d + n_q * d * h
+    + beta_qkv * (n_q * d + 2 * n_kv * d) + beta_o * h + nu_qk * 2 * d + sigma * n_q,
+    "params",
+    "Per-layer attention parameters for MHA/GQA/MQA: W_q, W_k, W_v, W_o, optional biases, q/k norms, sinks.",
+)
+attention_params_mla = _formula(
+    "attention_params_mla",
+    sp.Piecewise((h * r_q + r_q + r_q * n_q * (d_n + d_r), r_q > 0), (h * n_q * (d_n + d_r), True))
+    + h * (r_kv + d_r) + r_kv + r_kv * n_q * (d_n + d_v) + n_q * d_v * h,
+    "params",
+    "Per-layer MLA parameters (DeepSeek-V2/V3): q down/up projections (or a direct W_q), kv down-projection "
+    "to the latent plus the shared rope key, latent norm, kv up-projection, W_o.",
+)
+mlp_params = _formula(
+    "mlp_params",
+    (2 + g) * h * I_ff + beta_mlp * ((1 + g) * I_ff + h),
+    "params",
+    "Dense MLP parameters per layer: 3 matrices when gated (SwiGLU/GeGLU), 2 otherwise, plus biases.",
+)
+expert_params = _formula(
+    "expert_params",
+    (2 + g) * h * I_e + beta_e * ((1 + g) * I_e + h),
+    "params",
+    "Parameters of one expert (a gated MLP of width I_e, with biases for gpt-oss).",
+)
+router_params = _formula("router_params", h * E + beta_r * E, "params", "Router (gate) parameters per MoE layer.")
+norm_params = _formula(
+    "norm_params", n_norm * h * (1 + beta_ln), "params", "Norm parameters per layer (RMSNorm: weight; LayerNorm: +bias)."
+)
+
+embedding_params = _formula(
+    "embedding_params",
+    V * h * (2 - tie) + P_pos * h,
+    "params",
+    "Input embedding and LM head (one matrix when tied) plus learned position rows.",
+)
+
+_P_attn, _P_mlp, _P_exp, _P_router, _P_norm = (
+    sp.Symbol("P_attn"), sp.Symbol("P_mlp"), sp.Symbol("P_exp"), sp.Symbol("P_router"), sp.Symbol("P_norm"),
+)
+
+
+def _total_params(experts_per_layer: sp.Expr) -> sp.Expr:
+    return (
+        L * (_P_attn + _P_norm)
+        + (L - L_m) * _P_mlp
+        + L_m * (experts_per_layer * _P_exp + E_s * (2 + g) * h * I_e + _P_router)
+        + embedding_params.expr
+        + h * (1 + beta_ln)
+    )
+
+
+def _expand(expr: sp.Expr, attention: Definition) -> sp.Expr:
+    return expr.subs(
+        {
+            _P_attn: attention.expr,
+            _P_mlp: mlp_params.expr,
+            _P_exp: expert_params.expr,
+            _P_router: router_params.expr,
+            _P_norm: norm_params.expr,
+        }
+    )
+
+
+for _kind, _attn in (("gqa", attention_params_gqa), ("mla", attention_params_mla)):
+    _formula(
+        f"total_params_{_kind}",
+        _expand(_total_params(E), _attn),
+        "params",
+        "All parameters: layers (attention, norms, dense MLP or E routed + shared experts + router), "
+        "embedding and LM head (once if tied), final norm, learned positions.",
+    )
+    _formula(
+        f"active_params_{_kind}",
+        _expand(_total_params(k), _attn),
+        "params",
+        "Parameters a token uses: as the total, with only the k selected routed experts per MoE layer.",
+    )
+
+# --- KV cache ----------------------------------------------------------------------------------
+kv_elements_gqa = _formula(
+    "kv_elements_gqa",
+    2 * sp.ceiling(n_kv / tp) * d,
+    "elements/token/layer/GPU",
+    "K and V of the KV heads one GPU holds; heads are split by tp and replicated when n_kv < tp.",
+)
+kv_elements_mla = _formula(
+    "kv_elements_mla",
+    r_kv + d_r,
+    "elements/token/layer/GPU",
+    "MLA caches the compressed latent and the shared rope key, replicated on every tensor-parallel GPU.",
+)
+kv_bytes_context = _formula(
+    "kv_bytes_context",
+    b_kv * e_kv * ((L - L_w) * c + L_w * sp.Min(c, W)),
+    "B/sequence/GPU",
+    "KV bytes of one sequence of c tokens on one GPU: full layers keep c tokens, sliding layers at most W.",
+)
+
+# --- attention work ----------------------------------------------------------------------------
+_n1 = sp.Max(0, sp.Min(P + S, W) - P)
+causal_pairs_full = _formula(
+    "causal_pairs_full",
+    S * P + S * (S + 1) / 2,
+    "query-key pairs",
+    "Pairs scored when S new tokens attend causally to P cached ones and to each other.",
+)
+causal_pairs_window = _formula(
+    "causal_pairs_window",
+    _n1 * P + _n1 * (_n1 + 1) / 2 + (S - _n1) * W,
+    "query-key pairs",
+    "As causal_pairs_full, but each query sees at most W keys (sliding-window layer).",
+)
+attention_flops = _formula(
+    "attention_flops",
+    2 * n_q * (d_qk + d_pv) * b * ((L - L_w) * causal_pairs_full.expr + L_w * causal_pairs_window.expr),
+    "FLOP",
+    "QK^T and PV matmuls over all layers for a batch; a decode step is S=1, P=c-1.",
+)
+attention_kv_read_bytes = _formula(
+    "attention_kv_read_bytes",
+    b * b_kv * e_kv * ((L - L_w) * (P + S) + L_w * sp.Min(P + S, W)),
+    "B",
+    "KV the attention kernel reads on one GPU (each layer's cache read once, flash-attention style).",
+)
+kv_write_bytes = _formula(
+    "kv_write_bytes",
+    b * b_kv * e_kv * ((L - L_w) * S + L_w * sp.Min(S, W)),
+    "B",
+    "KV the step writes on one GPU for its new tokens (sliding layers keep at most W).",
+)
+
+# --- linear layers -----------------------------------------------------------------------------
+gemm_flops = _formula(
+    "gemm_flops",
+    2 * N_lin * T,
+    "FLOP",
+    "Multiply-adds of the linear layers: 2 FLOP per active weight per token.",
+)
+io_width_attention_gqa = _formula(
+    "io_width_attention_gqa",
+    2 * h + (2 * n_q * d + 2 * n_kv * d) / tp,
+    "elements/token/layer",
+    "Input and output widths of W_qkv and W_o on one GPU (inputs replicated, head outputs split by tp).",
+)
+io_width_attention_mla = _formula(
+    "io_width_attention_mla",
+    2 * h + 2 * r_q + r_kv + d_r + (n_q * (d_n + d_r) + n_q * (d_n + d_v) + n_q * d_v) / tp,
+    "elements/token/layer",
+    "Input and output widths of the MLA projections on one GPU.",
+)
+io_width_mlp = _formula(
+    "io_width_mlp",
+    2 * h + (2 + g) * I_ff / tp,
+    "elements/token/layer",
+    "Input and output widths of a dense MLP on one GPU (gate+up out, down in).",
+)
+io_width_moe = _formula(
+    "io_width_moe",
+    (k + E_s) * (2 * h + (2 + g) * I_e / tp) + E,
+    "elements/token/layer",
+    "Widths each token moves through its k routed and shared experts, plus router logits.",
+)
+activation_workspace_bytes = _formula(
+    "activation_workspace_bytes",
+    b_a * T * (4 * h + (n_q + 2 * n_kv) * d / tp + 2 * (1 + g) * sp.Max(I_ff, (k + E_s) * I_e) / tp) + 4 * b * V / tp,
+    "B",
+    "Peak activation memory of one forward of T tokens on one GPU (residual, qkv, MLP intermediates, fp32 logits), "
+    "as vLLM's profiling run reserves it.",
+)
+expected_experts_touched = _formula(
+    "expected_experts_touched",
+    E * (1 - (1 - k / E) ** T),
+    "experts",
+    "Expected distinct experts that T tokens routed top-k uniformly over E experts touch; the weights a "
+    "MoE layer reads in one step.",
+)
+
+# --- roofline and communication ----------------------------------------------------------------
+roofline_time = _formula(
+    "roofline_time",
+    sp.Max(F / (pi * eta_c), Q / (beta_hbm * eta_m)) + n_k * tau_k,
+    "s",
+    "Time of an operator group: the slower of its compute and memory ceilings, plus kernel latencies.",
+)
+arithmetic_intensity = _formula("arithmetic_intensity", F / Q, "FLOP/B", "FLOPs per byte moved.")
+ring_allreduce_time = _formula(
+    "ring_allreduce_time",
+    n_coll * (2 * (tp - 1) / tp * M_msg / (beta_link * eta_l) + alpha * sp.Min(tp - 1, 1)),
+    "s",
+    "n ring all-reduces of M bytes over tp GPUs: 2(tp-1)/tp of the message crosses each link, plus latency.",
+)
+alltoall_time = _formula(
+    "alltoall_time",
+    n_coll * ((ep - 1) / ep * M_msg / (beta_link * eta_l) + alpha * sp.Min(ep - 1, 1)),
+    "s",
+    "n all-to-alls (MoE dispatch or combine) of M bytes per GPU over ep GPUs.",
+)
+p2p_time = _formula(
+    "p2p_time", n_coll * (M_msg / (beta_link * eta_l) + alpha), "s", "n point-to-point sends of M bytes."
+)
+
+# --- activation traffic and workspace ----------------------------------------------------------
+gemm_activation_bytes = _formula(
+    "gemm_activation_bytes",
+    b_a * T * X_io,
+    "B",
+    "Activations the linear layers of one GPU read and write: tokens x (input + output widths) x bytes.",
+)
+
+# --- memory ------------------------------------------------------------------------------------
+N_tot = _sym("N", "all parameters", "params", "N")
+N_emb = _sym("N_emb", "embedding and LM-head parameters", "params", "N_{emb}")
+b_e = _sym("b_e", "bytes per embedding / LM-head weight (kept 16-bit)", "B", "b_{e}")
+pp_sym = _sym("pp", "pipeline-parallel stages", "GPUs", "p")
+u = _sym("u", "fraction of HBM the engine may use", "1")
+M_hbm = _sym("M_hbm", "HBM capacity of one GPU", "B", "M_{hbm}")
+W_b = _sym("W_b", "weight bytes on one GPU", "B", "W_{b}")
+A_b = _sym("A_b", "activation workspace on one GPU", "B", "A_{b}")
+R_b = _sym("R_b", "runtime reserve on one GPU (CUDA context, graphs, NCCL buffers)", "B", "R_{b}")
+K_seq = _sym("K_seq", "KV bytes of one whole sequence on one GPU", "B", "K_{seq}")
+
+weights_bytes_per_gpu = _formula(
+    "weights_bytes_per_gpu",
+    (b_w * (N_tot - N_emb) + b_e * N_emb) / (tp * pp_sym),
+    "B",
+    "Weights one GPU holds: linear weights at the weight format, embeddings 16-bit, split over tp x pp.",
+)
+kv_budget_bytes = _formula(
+    "kv_budget_bytes",
+    u * M_hbm - W_b - A_b - R_b,
+    "B",
+    "HBM left for the KV cache on one GPU after weights, activation workspace and the runtime reserve.",
+)
+max_batch = _formula(
+    "max_batch",
+    sp.floor(sp.Max(0, kv_budget_bytes.expr) / K_seq),
+    "sequences",
+    "Sequences of isl+osl tokens whose KV fits in the budget.",
+)
+
+# --- queueing and serving ----------------------------------------------------------------------
+lam = _sym("lambda", "arrival rate at one queue", "1/s", r"\lambda")
+ES = _sym("E_S", "mean service time", "s", r"E[S]")
+cs2 = _sym("c_s2", "squared coefficient of variation of the service time", "1", r"c_s^2")
+n_srv = _sym("c_srv", "servers sharing one queue", "servers", "c")
+p_q = _sym("p", "percentile as a fraction", "1")
+Wq = _sym("W_q", "mean wait in queue", "s", "W_{q}")
+Pw = _sym("P_w", "probability that an arrival waits", "1", "P_{w}")
+t_d = _sym("t_d", "decode step time", "s", "t_{d}")
+rho_p = _sym("rho_p", "fraction of time spent in prefill", "1", r"\rho_{p}")
+n_out = _sym("n_out", "output tokens per request", "tokens", "n_{out}")
+
+server_utilisation = _formula("server_utilisation", lam * ES / n_srv, "1", "rho = lambda E[S] / c.")
+wait_probability = _formula(
+    "wait_probability",
+    sp.Min(1, (lam * ES / n_srv) ** (sp.sqrt(2 * (n_srv + 1)) - 1)),
+    "1",
+    "Probability of waiting in M/M/c, Sakasegawa's approximation (exact, rho, for c = 1).",
+)
+mean_queue_wait = _formula(
+    "mean_queue_wait",
+    wait_probability.expr / (n_srv * (1 - lam * ES / n_srv)) * ES * (1 + cs2) / 2,
+    "s",
+    "M/G/c mean wait (Allen-Cunneen); for c = 1 it is Pollaczek-Khinchine, lambda E[S^2] / (2 (1 - rho)).",
+)
+wait_percentile = _formula(
+    "wait_percentile",
+    Wq / Pw * sp.Max(0, sp.log(Pw / (1 - p_q))),
+    "s",
+    "p-quantile of the wait: an arrival waits with probability P_w, and then an exponential time of mean W_q/P_w.",
+)
+mixed_tpot = _formula(
+    "mixed_tpot",
+    t_d / (1 - rho_p),
+    "s",
+    "Mean TPOT when prefills pre-empt decode: each token waits out the prefills that arrive meanwhile.",
+)
+tpot_sym = _sym("TPOT", "time per output token", "s")
+littles_law_batch = _formula(
+    "littles_law_batch", lam * n_out * tpot_sym, "sequences",
+    "Sequences decoding at once = arrival rate x output tokens x time per token (Little's law).",
+)
+kv_transfer_time = _formula(
+    "kv_transfer_time",
+    Q / (beta_link * eta_l) + alpha,
+    "s",
+    "Moving a request's KV cache (Q bytes, summed over the parallel links) from the prefill to the decode pool.",
+)
