@@ -2,13 +2,12 @@
 
 Strict JSON validation takes a number only where a number is asked (``true`` is not 1, ``"8"`` is
 not 8, ``4.0`` is not a token count) and is faster than decoding to Python objects first. FastAPI
-does not do this for a body parameter, so each route declares ``Depends(json_body(Model))`` and
-``body_openapi(Model)``; ``add_body_schemas`` puts the models into the OpenAPI document, so the
-documented request schema is the one enforced."""
+does not do this for a body parameter, so each route takes the ``Request``, calls
+``json_body(request, Model)`` and declares ``body_openapi(Model)``; ``add_body_schemas`` puts the
+models into the OpenAPI document, so the documented request schema is the one enforced."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -22,17 +21,13 @@ BODY_MODELS: list[type[BaseModel]] = []
 SCHEMA_SUFFIX = "-Input"
 
 
-def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
-    """A FastAPI dependency: the request body validated strictly as ``model`` (422 naming each field)."""
-
-    async def parse(request: Request) -> M:
-        raw = await request.body()
-        try:
-            return model.model_validate_json(raw, strict=True)
-        except ValidationError as e:
-            raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
-
-    return parse
+async def json_body(request: Request, model: type[M]) -> M:
+    """The request body validated strictly as ``model`` (a 422 naming each field otherwise)."""
+    raw = await request.body()
+    try:
+        return model.model_validate_json(raw, strict=True)
+    except ValidationError as e:
+        raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
 
 
 def body_openapi(model: type[BaseModel]) -> dict[str, Any]:

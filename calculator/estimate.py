@@ -21,7 +21,7 @@ from .errors import InputError
 from .kv_cache import kv_bytes_per_gpu, kv_bytes_per_token, kv_cache_bytes
 from .limits import MAX_BATCH, MAX_PARALLEL, MAX_TOKENS
 from .params import embedding_params
-from .phases import Group, Setup, phase_bound, step_groups, step_time_s
+from .phases import Group, Setup, phase_bound, setup_for, step_groups, step_time_s
 from .precision import EMBEDDING_BYTES, GEMM_RATE, KV_DTYPES, WEIGHT_DTYPES
 
 RUNTIME_RESERVE_BYTES = 2.0e9
@@ -105,12 +105,11 @@ class Estimate(_Out):
 def _rows(phase: Literal["prefill", "decode"], groups: list[Group]) -> list[OpRow]:
     rows = []
     for gr in groups:
-        fl, by = float(gr.flops), float(gr.bytes)
-        comm = bool(np.all(gr.bound == "communication"))
+        fl, by, bound = float(gr.flops), float(gr.bytes), gr.bound.item()
         rows.append(OpRow(
             phase=phase, group=gr.name, flops=fl, bytes=by,
-            arithmetic_intensity=None if comm or by == 0 else fl / by,
-            bound=str(gr.bound), time_s=float(gr.time_s), formula=gr.formula,
+            arithmetic_intensity=None if bound == "communication" or by == 0 else fl / by,
+            bound=bound, time_s=float(gr.time_s), formula=gr.formula,
         ))
     return rows
 
@@ -192,7 +191,7 @@ def estimate(
         from .calibration import apply_calibration
 
         g = apply_calibration(g, calibration)
-    setup = Setup(m, g, tp=tp, pp=pp, ep=ep, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+    setup = setup_for(m, g, tp=tp, pp=pp, ep=ep, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
     mem = memory_breakdown(setup, isl, osl, batch, gpu_memory_utilisation)
     per_seq = mem.kv_bytes_per_sequence
     max_b = int(f.max_batch(u=gpu_memory_utilisation, M_hbm=g.hbm_bytes, W_b=mem.weights_bytes,
@@ -221,12 +220,12 @@ def estimate(
     dec = step_groups(setup, S=1, P=contexts - 1, b=batch, phase="decode")
     dec_times = step_time_s(dec, setup)
     first, mean, last = (float(x) for x in dec_times)
-    dec_mean = step_groups(setup, S=1, P=mean_ctx - 1, b=batch, phase="decode")
+    dec_mean = [gr.at(1) for gr in dec]  # the step at the mean context
     return Estimate(
         fits=True, reason=None, ttft_s=prefill_s, prefill_s=prefill_s, tpot_s=mean,
         e2e_s=prefill_s + (osl - 1) * mean, decode_first_step_s=first, decode_last_step_s=last,
         output_tokens_per_s=batch / mean,
-        prefill_bound=str(phase_bound(pre, setup)), decode_bound=str(phase_bound(dec_mean, setup)),
+        prefill_bound=phase_bound(pre, setup).item(), decode_bound=phase_bound(dec_mean, setup).item(),
         prefill_intensity_flops_per_byte=_intensity(pre), decode_intensity_flops_per_byte=_intensity(dec_mean),
         rows=tuple(_rows("prefill", pre) + _rows("decode", dec_mean)) if rows else (),
         **common,
@@ -235,7 +234,7 @@ def estimate(
 
 def _intensity(groups: list[Group]) -> float:
     fl = sum(float(gr.flops) for gr in groups)
-    by = sum(float(gr.bytes) for gr in groups if not np.all(gr.bound == "communication"))
+    by = sum(float(gr.bytes) for gr in groups if not gr.communication)
     return fl / by if by else float("inf")
 
 

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     import sympy as sp
 
 
+_EMPTY: Mapping[str, Any] = {}
+
+
 @dataclass(frozen=True)
 class Formula:
     """A named closed-form expression: its numpy function, unit, doc and LaTeX.
@@ -39,9 +42,9 @@ class Formula:
     """(latex, meaning, unit) of every symbol, by argument name."""
 
     def __call__(self, values: Mapping[str, Any] | None = None, /, **kwargs: Any) -> Any:
-        merged = {**(values or {}), **kwargs}
+        given = values if values is not None else _EMPTY
         try:
-            ordered = [merged[a] for a in self.args]
+            ordered = [kwargs[a] if a in kwargs else given[a] for a in self.args]
         except KeyError as missing:
             raise TypeError(f"formula {self.name!r} needs {missing.args[0]!r}") from None
         with np.errstate(divide="ignore", invalid="ignore"):

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from functools import lru_cache
+from types import MappingProxyType
+
 from hardware_db.schema import ModelSpec
 
 from . import formulas as f
 
 
-def shape_values(m: ModelSpec) -> dict[str, float]:
-    """The model's symbol values, keyed by formula symbol name."""
+@lru_cache(maxsize=256)
+def shape_values(m: ModelSpec) -> Mapping[str, float]:
+    """The model's symbol values, keyed by formula symbol name (read-only; specs are frozen, so the
+    mapping is computed once per model)."""
     moe, mla = m.moe, m.mla
     v: dict[str, float] = {
         "h": m.hidden_size, "V": m.vocab_size, "L": m.num_layers, "L_m": m.num_moe_layers,
@@ -26,32 +32,37 @@ def shape_values(m: ModelSpec) -> dict[str, float]:
         "d_n": mla.qk_nope_head_dim if mla else 0, "d_r": mla.qk_rope_head_dim if mla else 0,
         "d_v": mla.v_head_dim if mla else 0,
     }
-    return v
+    return MappingProxyType(v)
 
 
 def _kind(m: ModelSpec) -> str:
     return "mla" if m.mla is not None else "gqa"
 
 
+@lru_cache(maxsize=256)
 def param_count(m: ModelSpec) -> int:
     return round(float(f.FORMULAS[f"total_params_{_kind(m)}"](shape_values(m))))
 
 
+@lru_cache(maxsize=256)
 def active_param_count(m: ModelSpec) -> int:
     return round(float(f.FORMULAS[f"active_params_{_kind(m)}"](shape_values(m))))
 
 
+@lru_cache(maxsize=256)
 def attention_params(m: ModelSpec) -> int:
     """Per-layer attention parameters."""
     formula = f.attention_params_mla if m.mla is not None else f.attention_params_gqa
     return round(float(formula(shape_values(m))))
 
 
+@lru_cache(maxsize=256)
 def embedding_params(m: ModelSpec) -> int:
     """Input embedding plus LM head (once when tied) plus learned positions."""
     return int(f.embedding_params(shape_values(m)))
 
 
+@lru_cache(maxsize=256)
 def routed_expert_params(m: ModelSpec) -> int:
     """All routed-expert weights in the model (0 for dense models)."""
     if m.moe is None:

@@ -12,6 +12,7 @@ one request, so the step latency sums all stages (PP adds p2p sends and never sh
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 from typing import Literal
 
 import numpy as np
@@ -87,22 +88,22 @@ class Setup:
         object.__setattr__(self, "pp_link_bytes_per_s", g.scaleup_bytes_per_s if pp_in_node else g.scaleout_bytes_per_s)
 
     # --- parameter bookkeeping (per whole model, before sharding) -----------------------------
-    @property
+    @cached_property
     def attention_proj_params(self) -> float:
         """Linear weights of attention, all layers (norm weights excluded)."""
         m = self.model
         return float(attention_params(m)) * m.num_layers
 
-    @property
+    @cached_property
     def dense_mlp_params(self) -> float:
         m = self.model
         return float(f.mlp_params(self.values)) * (m.num_layers - m.num_moe_layers)
 
-    @property
+    @cached_property
     def expert_params_each(self) -> float:
         return float(f.expert_params(self.values)) if self.model.moe else 0.0
 
-    @property
+    @cached_property
     def moe_fixed_params(self) -> float:
         """Shared experts and routers of all MoE layers (read every step)."""
         m = self.model
@@ -111,13 +112,37 @@ class Setup:
         shared = m.moe.num_shared_experts * (2 + int(m.gated_mlp)) * m.hidden_size * m.moe.expert_intermediate_size
         return (shared + float(f.router_params(self.values))) * m.num_moe_layers
 
-    @property
+    @cached_property
+    def io_width_attention(self) -> float:
+        """Input + output widths of the attention projections on one GPU, all layers."""
+        formula = f.io_width_attention_mla if self.model.mla else f.io_width_attention_gqa
+        return float(formula(self.values)) * self.model.num_layers
+
+    @cached_property
+    def io_width_mlp(self) -> float:
+        """Input + output widths of one dense MLP layer on one GPU."""
+        return float(f.io_width_mlp(self.values))
+
+    @cached_property
+    def io_width_moe(self) -> float:
+        """Widths each token moves through one MoE layer on one GPU."""
+        return float(f.io_width_moe(self.values))
+
+    @cached_property
     def gemm_rate_flops_per_s(self) -> float:
         return self.gpu.peak_flops_per_s(GEMM_RATE[self.weight_dtype])
 
-    @property
+    @cached_property
     def attention_rate_flops_per_s(self) -> float:
         return self.gpu.peak_flops_per_s(ATTENTION_RATE)
+
+
+@lru_cache(maxsize=512)
+def setup_for(model: ModelSpec, gpu: GPUSpec, tp: int = 1, pp: int = 1, ep: int = 1, weight_dtype: str = "bf16",
+              kv_dtype: str = "bf16") -> Setup:
+    """``Setup(...)``, shared between calls with the same arguments (specs are frozen, so a setup
+    never changes; building one evaluates a dozen formulas)."""
+    return Setup(model, gpu, tp=tp, pp=pp, ep=ep, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
 
 
 @dataclass(frozen=True)
@@ -128,27 +153,40 @@ class Group:
     flops: np.ndarray
     bytes: np.ndarray
     time_s: np.ndarray
-    bound: np.ndarray  # of Bound strings
     formula: str
     compute_s: np.ndarray
     memory_s: np.ndarray
     latency_s: np.ndarray
+    communication: bool = False
+    """A collective or send (its time is the link's), not a roofline group."""
+
+    @cached_property
+    def bound(self) -> np.ndarray:
+        """Which ceiling sets the group's time, per element: compute, memory, latency or communication."""
+        if self.communication:
+            return np.full(np.shape(self.time_s), "communication")
+        c, m, lat = self.compute_s, self.memory_s, self.latency_s
+        return np.where(lat > np.maximum(c, m), "latency", np.where(c >= m, "compute", "memory"))
+
+    def at(self, i: int) -> Group:
+        """The group of the ``i``-th step of a 1-d sweep."""
+        def pick(a: np.ndarray) -> np.ndarray:
+            return a[i] if a.ndim else a  # a quantity that does not vary along the sweep is 0-d
+
+        return Group(self.name, pick(self.flops), pick(self.bytes), pick(self.time_s), self.formula,
+                     pick(self.compute_s), pick(self.memory_s), pick(self.latency_s), self.communication)
 
 
 def _roofline(name: str, flops, bytes_, peak, kernels, setup: Setup) -> Group:
     v = setup.values
     flops = np.asarray(flops, dtype=float)
     bytes_ = np.asarray(bytes_, dtype=float)
-    t = f.roofline_time(v, F=flops, Q=bytes_, pi=peak, n_k=kernels)
+    t = np.asarray(f.roofline_time(v, F=flops, Q=bytes_, pi=peak, n_k=kernels), dtype=float)
     compute_s = flops / (peak * v["eta_c"])
     memory_s = bytes_ / (v["beta_hbm"] * v["eta_m"])
     latency_s = kernels * v["tau_k"]
-    bound = np.where(
-        latency_s > np.maximum(compute_s, memory_s), "latency", np.where(compute_s >= memory_s, "compute", "memory")
-    )
-    t = np.asarray(t, dtype=float)
     zero = np.zeros_like(t)
-    return Group(name, flops, bytes_, t, bound, "roofline_time", compute_s + zero, memory_s + zero, latency_s + zero)
+    return Group(name, flops, bytes_, t, "roofline_time", compute_s + zero, memory_s + zero, latency_s + zero)
 
 
 def _mla_dims(m: ModelSpec, phase: Phase) -> tuple[float, float]:
@@ -182,7 +220,7 @@ def step_groups(
     groups: list[Group] = []
 
     # attention projections
-    io_attn = (f.io_width_attention_mla if m.mla else f.io_width_attention_gqa)(v) * L
+    io_attn = setup.io_width_attention
     n_attn = setup.attention_proj_params
     groups.append(_roofline(
         "attention_proj",
@@ -198,7 +236,7 @@ def step_groups(
         groups.append(_roofline(
             "mlp",
             f.gemm_flops(v, N_lin=n_mlp / tp, T=T),
-            v["b_w"] * n_mlp / tp + f.gemm_activation_bytes(v, T=T, X_io=f.io_width_mlp(v) * dense_layers),
+            v["b_w"] * n_mlp / tp + f.gemm_activation_bytes(v, T=T, X_io=setup.io_width_mlp * dense_layers),
             gemm_peak, KERNELS_PER_LAYER["mlp"] * dense_layers, setup,
         ))
 
@@ -211,7 +249,7 @@ def step_groups(
             "moe",
             f.gemm_flops(v, N_lin=active_per_layer * Lm / tp, T=T),
             v["b_w"] * (touched * setup.expert_params_each * Lm + setup.moe_fixed_params) / tp
-            + f.gemm_activation_bytes(v, T=T, X_io=f.io_width_moe(v) * Lm),
+            + f.gemm_activation_bytes(v, T=T, X_io=setup.io_width_moe * Lm),
             gemm_peak, KERNELS_PER_LAYER["moe"] * Lm, setup,
         ))
 
@@ -251,8 +289,7 @@ def _attention_work(setup: Setup, S, P, b, phase: Phase) -> tuple[np.ndarray, np
 def _comm_group(name: str, t: np.ndarray, bytes_: np.ndarray, formula: str) -> Group:
     t = np.asarray(t, dtype=float)
     zero = np.zeros_like(t)
-    return Group(name, zero, np.asarray(bytes_, dtype=float) + zero, t, np.full(t.shape, "communication"), formula,
-                 zero, zero, zero)
+    return Group(name, zero, np.asarray(bytes_, dtype=float) + zero, t, formula, zero, zero, zero, communication=True)
 
 
 def _communication(setup: Setup, T: np.ndarray) -> list[Group]:
@@ -281,17 +318,20 @@ def step_time_s(groups: list[Group], setup: Setup) -> np.ndarray:
     return np.asarray(total, dtype=float) + setup.gpu.efficiency.step_overhead_us * 1e-6
 
 
+PHASE_BOUNDS = ("compute", "memory", "communication", "latency")
+
+
 def phase_bound(groups: list[Group], setup: Setup) -> np.ndarray:
     """Which of compute, memory, communication or fixed latency takes most of the step's time."""
-    shares = {"compute": 0.0, "memory": 0.0, "communication": 0.0, "latency": setup.gpu.efficiency.step_overhead_us * 1e-6}
+    compute = memory = communication = 0.0
+    latency = setup.gpu.efficiency.step_overhead_us * 1e-6
     for gr in groups:
-        if gr.bound.size and np.all(gr.bound == "communication"):
-            shares["communication"] = shares["communication"] + gr.time_s
+        if gr.communication:
+            communication = communication + gr.time_s
             continue
-        roof = np.maximum(gr.compute_s, gr.memory_s)
-        shares["compute"] = shares["compute"] + np.where(gr.compute_s >= gr.memory_s, roof, 0.0)
-        shares["memory"] = shares["memory"] + np.where(gr.compute_s < gr.memory_s, roof, 0.0)
-        shares["latency"] = shares["latency"] + gr.latency_s
-    names = list(shares)
-    stacked = np.stack(np.broadcast_arrays(*[np.asarray(shares[n], dtype=float) for n in names]))
-    return np.asarray(names)[np.argmax(stacked, axis=0)]
+        compute_bound = gr.compute_s >= gr.memory_s
+        compute = compute + gr.compute_s * compute_bound
+        memory = memory + gr.memory_s * ~compute_bound
+        latency = latency + gr.latency_s
+    stacked = np.stack(np.broadcast_arrays(compute, memory, communication, latency))
+    return np.asarray(PHASE_BOUNDS)[np.argmax(stacked, axis=0)]

@@ -8,9 +8,7 @@ declared for the OpenAPI document, and the object returned is already of that mo
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
@@ -29,30 +27,32 @@ def _json(model: BaseModel) -> Response:
 
 @router.post("/kv-cache", response_model=s.KVResponse, openapi_extra=body_openapi(s.KVRequest),
              summary="KV-cache bytes per token, per request and per batch")
-async def kv_cache(req: Annotated[s.KVRequest, Depends(json_body(s.KVRequest))]) -> Response:
-    return _json(s.kv_cache(req))
+async def kv_cache(request: Request) -> Response:
+    return _json(s.kv_cache(await json_body(request, s.KVRequest)))
 
 
 @router.post("/estimate", response_model=s.EstimateResponse, openapi_extra=body_openapi(s.EstimateRequest),
              summary="Prefill, decode, KV and memory of one configuration, with its formulas")
-async def estimate(req: Annotated[s.EstimateRequest, Depends(json_body(s.EstimateRequest))]) -> Response:
-    return _json(s.run_estimate(req))
+async def estimate(request: Request) -> Response:
+    return _json(s.run_estimate(await json_body(request, s.EstimateRequest)))
 
 
 @router.post("/plan", response_model=s.PlanResponse, openapi_extra=body_openapi(s.PlanRequest),
              summary="The deployment (mode, GPU, tp, instances) that meets an SLO at a rate; why")
-async def plan(request: Request, req: Annotated[s.PlanRequest, Depends(json_body(s.PlanRequest))]) -> Response:
+async def plan(request: Request) -> Response:
+    req = await json_body(request, s.PlanRequest)
     return _json(await request.app.state.runner.run(request, s.run_plan, req))
 
 
 @router.post("/evaluate", response_model=Evaluation, openapi_extra=body_openapi(s.EvaluateRequest),
              summary="TTFT/TPOT percentiles and goodput of one deployment")
-async def evaluate(request: Request,
-                   req: Annotated[s.EvaluateRequest, Depends(json_body(s.EvaluateRequest))]) -> Response:
+async def evaluate(request: Request) -> Response:
+    req = await json_body(request, s.EvaluateRequest)
     return _json(await request.app.state.runner.run(request, s.run_evaluate, req))
 
 
 @router.post("/sweep", response_model=s.SweepResponse, openapi_extra=body_openapi(s.SweepRequest),
              summary="One input varied over a list: series to plot")
-async def sweep(request: Request, req: Annotated[s.SweepRequest, Depends(json_body(s.SweepRequest))]) -> Response:
+async def sweep(request: Request) -> Response:
+    req = await json_body(request, s.SweepRequest)
     return _json(await request.app.state.runner.run(request, s.run_sweep, req))
