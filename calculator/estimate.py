@@ -22,7 +22,7 @@ from .kv_cache import kv_bytes_per_gpu, kv_bytes_per_token, kv_cache_bytes
 from .limits import MAX_BATCH, MAX_PARALLEL, MAX_TOKENS
 from .params import embedding_params
 from .phases import Group, Setup, phase_bound, setup_for, step_groups, step_time_s
-from .precision import EMBEDDING_BYTES, GEMM_RATE, KV_DTYPES, WEIGHT_DTYPES
+from .precision import EMBEDDING_BYTES, GEMM_RATE, KV_DTYPES, WEIGHT_DTYPES, wide_bytes
 
 RUNTIME_RESERVE_BYTES = 2.0e9
 """Per-GPU memory no engine can give to KV: CUDA context, cuBLAS/NCCL workspaces, CUDA graphs (~1-3 GB in vLLM)."""
@@ -125,7 +125,7 @@ def memory_breakdown(
     m, g = setup.model, setup.gpu
     v = setup.values
     weights = float(f.weights_bytes_per_gpu(
-        v, N=m.param_count(), N_emb=embedding_params(m), b_e=EMBEDDING_BYTES, pp=setup.pp
+        v, N=m.param_count(), N_emb=embedding_params(m), b_e=wide_bytes(setup.weight_dtype, EMBEDDING_BYTES), pp=setup.pp
     ))
     workspace = float(f.activation_workspace_bytes(v, T=max_batched_tokens, b=min(batch, max_batched_tokens))) / setup.pp
     per_seq = float(kv_bytes_per_gpu(m, isl + osl, setup.kv_dtype, tp=setup.tp, pp=setup.pp))

@@ -26,11 +26,12 @@ from .kv_cache import kv_elements_per_token_layer
 from .params import attention_params, shape_values
 from .precision import (
     ACTIVATION_BYTES,
-    ATTENTION_RATE,
     EMBEDDING_BYTES,
+    attention_rate,
     GEMM_RATE,
     kv_bytes,
     weight_bytes,
+    wide_bytes,
 )
 
 Phase = Literal["prefill", "decode"]
@@ -78,7 +79,8 @@ class Setup:
         pp_in_node = self.tp * self.pp <= g.scaleup_domain_gpus
         v.update(
             tp=self.tp, ep=self.ep,
-            b_w=weight_bytes(self.weight_dtype), b_kv=kv_bytes(self.kv_dtype), b_a=ACTIVATION_BYTES,
+            b_w=weight_bytes(self.weight_dtype), b_kv=kv_bytes(self.kv_dtype),
+            b_a=wide_bytes(self.weight_dtype, ACTIVATION_BYTES),
             e_kv=kv_elements_per_token_layer(m, self.tp),
             beta_hbm=g.hbm_bytes_per_s, eta_c=eff.compute, eta_m=eff.memory, eta_l=eff.link,
             tau_k=eff.kernel_latency_us * 1e-6, alpha=eff.collective_latency_us * 1e-6,
@@ -134,7 +136,7 @@ class Setup:
 
     @cached_property
     def attention_rate_flops_per_s(self) -> float:
-        return self.gpu.peak_flops_per_s(ATTENTION_RATE)
+        return self.gpu.peak_flops_per_s(attention_rate(self.weight_dtype))
 
 
 @lru_cache(maxsize=512)
@@ -258,8 +260,9 @@ def step_groups(
     groups.append(_roofline(
         "lm_head",
         f.gemm_flops(v, N_lin=lm_params / tp, T=b),
-        EMBEDDING_BYTES * lm_params / tp + b * (m.hidden_size * v["b_a"] + m.vocab_size * LOGIT_BYTES / tp),
-        setup.gpu.peak_flops_per_s("bf16"), 2, setup,
+        wide_bytes(setup.weight_dtype, EMBEDDING_BYTES) * lm_params / tp
+        + b * (m.hidden_size * v["b_a"] + m.vocab_size * LOGIT_BYTES / tp),
+        setup.gpu.peak_flops_per_s(attention_rate(setup.weight_dtype)), 2, setup,
     ))
 
     # attention core (QK^T, softmax, PV) over the cached and new tokens

@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-WeightDtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "fp4"]
-KVDtype = Literal["bf16", "fp16", "fp8", "int8", "int4"]
+WeightDtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "fp4", "fp32"]
+KVDtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "fp32"]
 
 SCHEMA_VERSION = 1
 
@@ -25,10 +25,12 @@ class _Record(BaseModel):
 class PeakTflops(_Record):
     """Dense (no 2:4 sparsity) tensor-core peak of one GPU, in TFLOP/s (TOPS for int8)."""
 
-    bf16: float = Field(ge=0.01, le=1e6, description="bf16/fp16 dense peak, TFLOP/s")
+    bf16: float = Field(ge=1e-4, le=1e6, description="bf16/fp16 dense peak, TFLOP/s (a CPU that emulates bf16: ~0.001)")
     fp8: float | None = Field(default=None, ge=0.01, le=1e6, description="fp8 dense peak, TFLOP/s; null if no fp8 path")
     int8: float | None = Field(default=None, ge=0.01, le=1e6, description="int8 dense peak, TOPS")
     fp4: float | None = Field(default=None, ge=0.01, le=1e6, description="fp4 dense peak, TFLOP/s; null if no native fp4")
+    fp32: float | None = Field(default=None, ge=1e-4, le=1e6,
+                               description="fp32 matmul peak, TFLOP/s; null if not recorded (a CPU without bf16 units)")
 
 
 class Efficiency(_Record):
@@ -86,16 +88,21 @@ class GPUSpec(_Record):
     def scaleout_bytes_per_s(self) -> float:
         return self.scaleout_bandwidth_gb_s * 1e9
 
-    def peak_flops_per_s(self, math: Literal["bf16", "fp8", "int8", "fp4"]) -> float:
-        """Dense peak for a math precision, FLOP/s. Falls back to the next wider precision when absent."""
-        chain = {"fp4": ("fp4", "fp8", "bf16"), "fp8": ("fp8", "bf16"), "int8": ("int8", "bf16"), "bf16": ("bf16",)}
+    def peak_flops_per_s(self, math: Literal["bf16", "fp8", "int8", "fp4", "fp32"]) -> float:
+        """Dense peak for a math precision, FLOP/s. Falls back to the next wider precision when absent;
+        fp32 has no fallback (its rate is not derivable from the tensor-core ones)."""
+        chain = {"fp4": ("fp4", "fp8", "bf16"), "fp8": ("fp8", "bf16"), "int8": ("int8", "bf16"), "bf16": ("bf16",),
+                 "fp32": ("fp32",)}
         for name in chain[math]:
             value = getattr(self.peak_tflops, name)
             if value is not None:
                 return value * 1e12
-        raise AssertionError("bf16 peak is required")  # unreachable: bf16 is mandatory
+        from .errors import InputError
 
-    def ridge_point_flops_per_byte(self, math: Literal["bf16", "fp8", "int8", "fp4"] = "bf16") -> float:
+        raise InputError("weight_dtype", f"{self.id} has no fp32 peak in the database (peak_tflops.fp32); "
+                                         "fp32 is for measured devices such as pdplan validate's CPU entry")
+
+    def ridge_point_flops_per_byte(self, math: Literal["bf16", "fp8", "int8", "fp4", "fp32"] = "bf16") -> float:
         """Arithmetic intensity above which a kernel is compute-bound on this GPU: peak / bandwidth."""
         return self.peak_flops_per_s(math) / self.hbm_bytes_per_s
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import schemathesis
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -16,7 +17,7 @@ from schemathesis.specs.openapi.checks import (
 
 import calculator as pc
 from api import app
-from calculator.service import MAX_PLAN_SWEEP_POINTS
+from calculator.limits import MAX_PLAN_SWEEP_POINTS
 
 client = TestClient(app)
 FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
@@ -204,3 +205,41 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(case):
     # what must hold: no 5xx, documented status codes, and responses that match the schema.
     case.call_and_validate(checks=[not_a_server_error, status_code_conformance, content_type_conformance,
                                    response_schema_conformance])
+
+
+def test_readme_bounds_are_the_enforced_ones():
+    from calculator.limits import markdown
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("<!-- limits:begin -->")[1].split("<!-- limits:end -->")[0].strip()
+    assert block == markdown()  # regenerate with: python3 -m calculator.limits
+
+
+FIELD_NAMES = ["model", "gpu", "tp", "pp", "ep", "isl", "osl", "batch", "weight_dtype", "kv_dtype", "prefix_hit",
+               "workload", "slo", "rate", "samples", "mean", "cv", "ttft_s", "tpot_s", "gpus", "deployment", "mode",
+               "pool", "prefill", "decode", "instances", "hf_config", "num_hidden_layers", "model_type", "target",
+               "vary", "values", "estimate", "plan", "context_tokens", "chunk_sizes", "tps"]
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12)
+    | st.sampled_from(["llama-3.1-8b", "h100-sxm", "gemma3_text", "mixed", "estimate", "isl"]),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.sampled_from(FIELD_NAMES) | st.text(max_size=6),
+                                                                inner, max_size=6),
+    max_leaves=25,
+)
+raw_bodies = json_values.map(lambda v: json.dumps(v).encode()) | st.binary(max_size=200) | st.sampled_from(
+    [b"", b"{", b"NaN", b'{"model": NaN}', b"\xef\xbb\xbf{}", b'{"a":' * 200 + b"1" + b"}" * 200])
+
+
+@pytest.mark.parametrize("path", ["/v1/kv-cache", "/v1/estimate", "/v1/plan", "/v1/evaluate", "/v1/sweep"])
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=raw_bodies)
+def test_any_raw_body_gets_a_documented_answer_never_a_5xx(path, body):
+    r = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code in (200, 404, 413, 422), (r.status_code, body[:200], r.text[:300])
+    payload = r.json()
+    if r.status_code != 200:
+        assert "detail" in payload and "Traceback" not in r.text
+    if r.status_code == 422:
+        for item in payload["detail"]:
+            assert item["loc"][0] == "body" and not any(str(p).startswith("~") or "[" in str(p) for p in item["loc"])

@@ -177,6 +177,12 @@ def quick(tmp_path_factory):
     return run(quick=True, device="cpu", out_dir=out), out
 
 
+def test_models_run_in_a_precision_the_cpu_multiplies_natively():
+    from calculator.microbench.ceilings import cpu_has_bf16, model_dtype
+
+    assert model_dtype("cpu") == ("bf16" if cpu_has_bf16() else "fp32")
+
+
 def test_kv_bytes_equal_to_the_byte(quick):
     report, _ = quick
     checks = report.kv_checks
@@ -184,7 +190,8 @@ def test_kv_bytes_equal_to_the_byte(quick):
     assert all(c.exact for c in checks), [c for c in checks if not c.exact]
     swa = BENCH_MODELS["bench-qwen2-swa"]
     # past the window the StaticCache holds exactly kv_cache_bytes: 2 full layers x 256 + 4 sliding x 128 tokens
-    per_token_layer = 2 * 4 * 64 * 2  # K and V, 4 KV heads, head_dim 64, bf16
+    element_bytes = {"bf16": 2, "fp16": 2, "fp32": 4}[report.ceilings.dtype]  # fp32 where the CPU emulates bf16
+    per_token_layer = 2 * 4 * 64 * element_bytes  # K and V, 4 KV heads, head_dim 64
     static = [c for c in checks if c.cache == "StaticCache" and c.tokens > swa.sliding_window]
     assert static and all(c.convention_offset_bytes == 0 for c in static)
     assert any(c.measured_bytes == c.batch * per_token_layer * (2 * 256 + 4 * 128) for c in static if c.tokens == 256)
@@ -235,7 +242,9 @@ def test_predictions_are_estimate_with_the_calibration(quick):
     assert load_calibration(path) == report.efficiency
     for p in report.points[::5]:
         m = BENCH_MODELS[p.model]
-        e = pc.estimate(m, report.device_spec, isl=p.tokens, osl=1, batch=p.batch, calibration=path)
+        dtype = report.ceilings.dtype
+        e = pc.estimate(m, report.device_spec, isl=p.tokens, osl=1, batch=p.batch, calibration=path,
+                        weight_dtype=dtype, kv_dtype=dtype)
         assert (e.prefill_s if p.phase == "prefill" else e.decode_first_step_s) == pytest.approx(p.predicted_s, rel=1e-12)
 
 

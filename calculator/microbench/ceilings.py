@@ -62,13 +62,31 @@ def ram_bytes() -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+"""/proc/cpuinfo flags of x86 CPUs with bf16 matrix instructions; without them torch emulates bf16
+matmuls some 10-50x slower than fp32 (an AVX2-only EPYC: ~1 GFLOP/s bf16 against ~45 fp32)."""
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (x86 flags above; Arm and others: assumed yes)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True
+    flags = {f for line in text.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
+    if not flags:  # not x86 (no 'flags' lines): bf16 support is not read here
+        return True
+    return any(f in flags for f in CPU_BF16_FLAGS)
+
+
 def model_dtype(device: str) -> str:
-    """bf16 where the device runs it, else fp16 (pre-Ampere GPUs)."""
+    """The precision the models run in: bf16 where the device runs it natively, fp16 on pre-Ampere
+    GPUs, fp32 on a CPU that would emulate bf16."""
     import torch
 
-    if device == "cuda" and not torch.cuda.is_bf16_supported():
-        return "fp16"
-    return "bf16"
+    if device == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16" if cpu_has_bf16() else "fp32"
 
 
 def measure_matmul(device: str, dtype: str, n: int, guard: Guard, repeats: int) -> MatmulSample:
@@ -131,6 +149,12 @@ def best_of(first: Ceilings, second: Ceilings) -> Ceilings:
     })
 
 
+def _peaks(dtype: str, tflops: float) -> PeakTflops:
+    """The measured matmul rate as the peak of the models' precision. An fp32 device records it as its
+    fp32 peak, and as bf16 too, which the schema requires and nothing of an fp32 run reads."""
+    return PeakTflops(bf16=tflops, fp32=tflops) if dtype == "fp32" else PeakTflops(bf16=tflops)
+
+
 def device_spec(c: Ceilings, efficiency: Efficiency | None = None, date: str = "") -> GPUSpec:
     """A GPUSpec whose ceilings are the measured ones (FLOP/s in the models' precision, copy bandwidth).
 
@@ -141,7 +165,7 @@ def device_spec(c: Ceilings, efficiency: Efficiency | None = None, date: str = "
     what = f"{c.threads} threads" if c.device == "cpu" else "CUDA"
     return GPUSpec(
         id=f"{c.device}-local", name=f"{c.device_name} ({what}, measured)", vendor="measured",
-        architecture=c.device, peak_tflops=PeakTflops(bf16=flops), hbm_gb=c.memory_total_bytes / 1e9,
+        architecture=c.device, peak_tflops=_peaks(c.dtype, flops), hbm_gb=c.memory_total_bytes / 1e9,
         memory_type="RAM" if c.device == "cpu" else "device memory", hbm_bandwidth_tb_s=bw,
         scaleup_bandwidth_gb_s=bw * 1e3, scaleup_domain_gpus=1, scaleout_bandwidth_gb_s=bw * 1e3,
         tdp_w=1.0, price_usd_per_hour=1.0, price_is_assumption=True,

@@ -15,7 +15,7 @@ import numpy as np
 
 from hardware_db.schema import Efficiency, GPUSpec, ModelSpec
 
-from .ceilings import best_of, device_spec, measure_ceilings
+from .ceilings import best_of, device_spec, measure_ceilings, model_dtype
 from .fit import CEILING, Design, design, fit_efficiency, predict_point_s
 from .models import BENCH_MODELS, GRIDS, split_of
 from .results import (
@@ -96,7 +96,7 @@ def run(quick: bool = False, device: str = "cpu", out_dir: Path | None = None, s
         torch.set_num_threads(n_threads)
     grid = GRIDS[(device, quick)]  # type: ignore[index]
 
-    guard = Guard.for_device(device, max_wait_s=5.0 if quick else 30.0)
+    guard = Guard.for_device(device, max_wait_s=5.0 if quick else 30.0, dtype=model_dtype(device))
     ceilings = measure_ceilings(device, grid.matmul_sizes, grid.copy_bytes, n_threads, quick, guard)
     models = [BENCH_MODELS[name] for name in grid.models]
     benches = [ModelBench(m, grid, device, ceilings.dtype, seed) for m in models]

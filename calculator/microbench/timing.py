@@ -63,14 +63,16 @@ class Guard:
     unstable: int = 0
 
     @classmethod
-    def for_device(cls, device: str, max_wait_s: float) -> Guard:
+    def for_device(cls, device: str, max_wait_s: float, dtype: str = "bf16") -> Guard:
+        """A guard whose probe is a 512 x 512 matmul in the models' precision (``bf16`` or ``fp32``)."""
         if device != "cpu":
             return cls(None)
         import torch
 
-        a = torch.randn(512, 512, dtype=torch.bfloat16)
-        b = torch.randn(512, 512, dtype=torch.bfloat16)
-        out = torch.empty(512, 512, dtype=torch.bfloat16)
+        tdt = torch.float32 if dtype == "fp32" else torch.bfloat16
+        a = torch.randn(512, 512, dtype=tdt)
+        b = torch.randn(512, 512, dtype=tdt)
+        out = torch.empty(512, 512, dtype=tdt)
         guard = cls(lambda: torch.matmul(a, b, out=out), max_wait_s=max_wait_s)
         guard.calibrate(torch.get_num_threads())
         return guard
