@@ -26,7 +26,8 @@ from .compute import Busy
 
 log = logging.getLogger("pdplan.api")
 _FIELD = re.compile(r"^([A-Za-z_][\w.\[\]]*): (.+)$", re.S)
-_INTERNAL_LOC = re.compile(r"^(~|function-(after|before|wrap|plain)\[|tagged-union\[|union\[|json-or-python\[)")
+# the tags of calculator.service's model and GPU reference unions, and pydantic's validator names
+_INTERNAL_LOC = re.compile(r"^(~(id|spec|hf_config)$|(function-(after|before|wrap|plain)|tagged-union|union|json-or-python)\[)")
 _PREFIXES = ("Value error, ", "Assertion failed, ")
 
 
