@@ -21,13 +21,17 @@ BODY_MODELS: list[type[BaseModel]] = []
 SCHEMA_SUFFIX = "-Input"
 
 
-async def json_body(request: Request, model: type[M]) -> M:
-    """The request body validated strictly as ``model`` (a 422 naming each field otherwise)."""
-    raw = await request.body()
+def parse_json(raw: bytes, model: type[M]) -> M:
+    """``raw`` validated strictly as ``model`` (a 422 naming each field otherwise)."""
     try:
         return model.model_validate_json(raw, strict=True)
     except ValidationError as e:
         raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
+
+
+async def json_body(request: Request, model: type[M]) -> M:
+    """The request body validated strictly as ``model`` (a 422 naming each field otherwise)."""
+    return parse_json(await request.body(), model)
 
 
 def body_openapi(model: type[BaseModel]) -> dict[str, Any]:

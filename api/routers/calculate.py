@@ -8,6 +8,9 @@ declared for the OpenAPI document, and the object returned is already of that mo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
@@ -15,10 +18,18 @@ from pydantic import BaseModel
 from calculator import service as s
 from calculator.serving import Evaluation
 
-from ..body import body_openapi, json_body
+from ..body import body_openapi, json_body, parse_json
 from ..errors import COMPUTE_RESPONSES
 
+M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R", bound=BaseModel)
 router = APIRouter(prefix="/v1", tags=["calculator"], responses=COMPUTE_RESPONSES)
+
+
+async def _heavy(request: Request, model: type[M], fn: Callable[[M], R]) -> R:
+    """Parse (a body may hold 20,000 length samples) and compute in the runner's worker thread."""
+    raw = await request.body()
+    return await request.app.state.runner.run(request, lambda: fn(parse_json(raw, model)))
 
 
 def _json(model: BaseModel) -> Response:
@@ -40,19 +51,16 @@ async def estimate(request: Request) -> Response:
 @router.post("/plan", response_model=s.PlanResponse, openapi_extra=body_openapi(s.PlanRequest),
              summary="The deployment (mode, GPU, tp, instances) that meets an SLO at a rate; why")
 async def plan(request: Request) -> Response:
-    req = await json_body(request, s.PlanRequest)
-    return _json(await request.app.state.runner.run(request, s.run_plan, req))
+    return _json(await _heavy(request, s.PlanRequest, s.run_plan))
 
 
 @router.post("/evaluate", response_model=Evaluation, openapi_extra=body_openapi(s.EvaluateRequest),
              summary="TTFT/TPOT percentiles and goodput of one deployment")
 async def evaluate(request: Request) -> Response:
-    req = await json_body(request, s.EvaluateRequest)
-    return _json(await request.app.state.runner.run(request, s.run_evaluate, req))
+    return _json(await _heavy(request, s.EvaluateRequest, s.run_evaluate))
 
 
 @router.post("/sweep", response_model=s.SweepResponse, openapi_extra=body_openapi(s.SweepRequest),
              summary="One input varied over a list: series to plot")
 async def sweep(request: Request) -> Response:
-    req = await json_body(request, s.SweepRequest)
-    return _json(await request.app.state.runner.run(request, s.run_sweep, req))
+    return _json(await _heavy(request, s.SweepRequest, s.run_sweep))
