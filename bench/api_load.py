@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from machine import cpu_name  # bench/machine.py
+
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ["llama-3.1-8b", "llama-3.1-70b", "qwen2.5-32b", "mixtral-8x7b", "deepseek-v3"]
 GPUS = ["h100-sxm", "h200-sxm", "b200", "mi300x", "h20"]
@@ -99,13 +101,6 @@ def row(name: str, concurrency: int, elapsed: float, lat: list[float]) -> str:
     q = statistics.quantiles(lat, n=100)
     return (f"| `{name}` | {concurrency} | {len(lat)} | {len(lat) / elapsed:,.0f} | "
             f"{statistics.median(lat) * 1e3:.2f} ms | {q[98] * 1e3:.2f} ms |")
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def wait_ready(port: int) -> None:

@@ -17,6 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import calculator as pc  # noqa: E402
 
+from machine import cpu_name  # noqa: E402  (bench/machine.py)
+
 
 def median_s(fn, repeats: int) -> float:
     fn()  # warm caches (database, lambdified formulas)
@@ -26,16 +28,6 @@ def median_s(fn, repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main() -> None:

@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import cpu_name  # bench/machine.py
+
 TARGET_S = 0.3
 PDPLAN = ["-c", "import sys; from calculator.cli import main; sys.argv[0] = 'pdplan'; sys.exit(main())"]
 COMMANDS: list[tuple[str, list[str]]] = [
@@ -44,16 +46,6 @@ COMMANDS: list[tuple[str, list[str]]] = [
     ('python3 -c "import calculator"', ["-c", "import calculator"]),
     ('python3 -c "pass" (the interpreter alone, for reference)', ["-c", "pass"]),
 ]
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def time_once_s(argv: list[str], root: Path, env: dict[str, str]) -> tuple[float, float, int]:
