@@ -25,7 +25,7 @@ from calculator.errors import Cancelled, DeadlineExceeded, HardwareDBError, Inpu
 from .compute import Busy
 
 log = logging.getLogger("pdplan.api")
-_FIELD = re.compile(r"^([A-Za-z_][\w.\[\]]*): (.+)$", re.S)
+_FIELD = re.compile(r"^([A-Za-z_][\w.\[\]]*): (.+)$", re.DOTALL)
 # the tags of calculator.service's model and GPU reference unions, and pydantic's validator names
 _INTERNAL_LOC = re.compile(r"^(~(id|spec|hf_config)$|(function-(after|before|wrap|plain)|tagged-union|union|json-or-python)\[)")
 _PREFIXES = ("Value error, ", "Assertion failed, ")
@@ -86,8 +86,7 @@ def clean_item(err: dict[str, Any]) -> dict[str, Any]:
         return {"loc": loc + _path(cause.field), "msg": cause.reason, "type": "value_error"}
     msg = err["msg"]
     for prefix in _PREFIXES:
-        if msg.startswith(prefix):
-            msg = msg[len(prefix):]
+        msg = msg.removeprefix(prefix)
     return {"loc": loc, "msg": msg, "type": err["type"]}
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import calculator as pc  # noqa: E402
+from machine import cpu_name
 
-from machine import cpu_name  # noqa: E402  (bench/machine.py)
+import calculator as pc
 
 
 def median_s(fn, repeats: int) -> float:

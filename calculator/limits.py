@@ -31,8 +31,8 @@ DEFAULT_DEADLINE_S = 5.0
 ``pdplan serve --deadline`` change it."""
 
 BOUNDS: tuple[tuple[str, str], ...] = (
-    ("prompt or output length", f"≤ {MAX_TOKENS:,} tokens and within the model's context window "
-                                "(every length sample too)"),
+    ("prompt or output length", (f"≤ {MAX_TOKENS:,} tokens and within the model's context window "
+                                 "(every length sample too)")),
     ("batch", f"≤ {MAX_BATCH:,}"),
     ("tp, pp, ep", f"≤ {MAX_PARALLEL}"),
     ("candidate GPU types per plan", f"≤ {MAX_GPU_TYPES}"),
@@ -41,8 +41,8 @@ BOUNDS: tuple[tuple[str, str], ...] = (
     ("sweep values", f"≤ {MAX_SWEEP_POINTS} (≤ {MAX_PLAN_SWEEP_POINTS} for plans)"),
     ("inline config.json", f"≤ {MAX_HF_CONFIG_KEYS} keys; files ≤ {MAX_CONFIG_BYTES:,} bytes"),
     ("request body", f"≤ {MAX_BODY_BYTES:,} bytes (413), chunked or not"),
-    ("computation per request", f"≤ {DEFAULT_DEADLINE_S:g} s by default (504), stopped when exceeded or "
-                                "when the client disconnects"),
+    ("computation per request", (f"≤ {DEFAULT_DEADLINE_S:g} s by default (504), stopped when exceeded or "
+                                 "when the client disconnects")),
 )
 
 

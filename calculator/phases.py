@@ -27,8 +27,8 @@ from .params import attention_params, shape_values
 from .precision import (
     ACTIVATION_BYTES,
     EMBEDDING_BYTES,
-    attention_rate,
     GEMM_RATE,
+    attention_rate,
     kv_bytes,
     weight_bytes,
     wide_bytes,

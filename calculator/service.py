@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import platform
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import metadata
 from typing import Annotated, Any, Literal
 
@@ -38,7 +38,6 @@ from .limits import (
 from .optimizer import CHUNKS, TPS, Objective, Plan, plan
 from .serving import SLO, Deployment, Evaluation, Workload, evaluate
 from .serving.base import Mode
-
 
 ESTIMATE_SWEEPABLE = ("isl", "osl", "batch", "tp", "pp", "prefix_hit", "gpu_memory_utilisation")
 PLAN_SWEEPABLE = ("rate", "isl", "osl", "prefix_hit", "ttft_s", "tpot_s")
@@ -192,7 +191,7 @@ class FormulaInfo(BaseModel):
     doc: str
 
 
-@lru_cache(maxsize=None)
+@cache
 def formula_info(name: str) -> FormulaInfo:
     f = FORMULAS[name]
     return FormulaInfo(name=name, latex=f.latex, unit=f.unit, doc=f.doc)

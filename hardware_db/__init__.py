@@ -13,6 +13,21 @@ from .loader import (
 from .schema import Efficiency, GPUSpec, MLASpec, ModelSpec, MoESpec, PeakTflops
 
 __all__ = [
-    "ENV_VAR", "Efficiency", "GPUSpec", "HardwareDBError", "InputError", "MLASpec", "ModelSpec", "MoESpec", "PdplanError", "PeakTflops",
-    "UnknownIdError", "database", "list_gpus", "list_models", "load_gpu", "load_model", "validate_file",
+    "ENV_VAR",
+    "Efficiency",
+    "GPUSpec",
+    "HardwareDBError",
+    "InputError",
+    "MLASpec",
+    "MoESpec",
+    "ModelSpec",
+    "PdplanError",
+    "PeakTflops",
+    "UnknownIdError",
+    "database",
+    "list_gpus",
+    "list_models",
+    "load_gpu",
+    "load_model",
+    "validate_file",
 ]
