@@ -320,14 +320,8 @@ class EvaluateRequest(_Request):
 
 
 def run_evaluate(req: EvaluateRequest) -> Evaluation:
-    m = resolve_model(req.model)
-    if req.workload.isl.mean + req.workload.osl.mean > m.max_position_embeddings:
-        raise ValueError(f"workload: mean isl + osl exceeds {m.id}'s context window of {m.max_position_embeddings}")
-    custom = {g.id for g in req.gpus}
-    for pool in req.deployment.pools:
-        if pool.gpu not in custom:
-            load_gpu(pool.gpu)  # unknown ids raise, naming the closest
-    return evaluate(m, req.deployment, req.workload, req.slo, gpus=req.gpus)
+    """``evaluate`` checks the context window and the pools' GPU ids itself (404 naming the closest)."""
+    return evaluate(resolve_model(req.model), req.deployment, req.workload, req.slo, gpus=req.gpus)
 
 
 # ------------------------------------------------------------------------------------------ sweep
