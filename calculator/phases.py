@@ -202,13 +202,14 @@ def _mla_dims(m: ModelSpec, phase: Phase) -> tuple[float, float]:
 
 def step_groups(
     setup: Setup, S: ArrayLike, P: ArrayLike, b: ArrayLike, phase: Phase,
-    chunk: tuple[ArrayLike, ArrayLike] | None = None,
+    chunk: tuple[ArrayLike, ...] | None = None,
 ) -> list[Group]:
     """Operator groups of one forward step of ``b`` requests with ``S`` new and ``P`` cached tokens each.
 
     ``chunk=(S_c, P_c)`` adds one prefill chunk of ``S_c`` tokens after ``P_c`` already-prefilled ones
     to the same step (a Sarathi hybrid iteration): weights are read once for all tokens, and the chunk
-    re-reads the KV its earlier chunks wrote.
+    re-reads the KV its earlier chunks wrote. ``chunk=(S_c, P_c, b_c)`` adds ``b_c`` such chunks (several
+    prompts batched into one step, each of S_c new tokens after P_c cached ones).
     """
     m, v = setup.model, setup.values
     S = np.asarray(S, dtype=float)
@@ -216,7 +217,8 @@ def step_groups(
     b = np.asarray(b, dtype=float)
     S_c = np.asarray(chunk[0] if chunk else 0.0, dtype=float)
     P_c = np.asarray(chunk[1] if chunk else 0.0, dtype=float)
-    T = b * S + S_c
+    b_c = np.asarray(chunk[2] if chunk and len(chunk) > 2 else 1.0, dtype=float)
+    T = b * S + b_c * S_c
     tp, L = setup.tp, m.num_layers
     gemm_peak = setup.gemm_rate_flops_per_s
     groups: list[Group] = []
@@ -268,7 +270,7 @@ def step_groups(
     # attention core (QK^T, softmax, PV) over the cached and new tokens
     attn_flops, attn_bytes = _attention_work(setup, S, P, b, phase)
     if chunk is not None:
-        chunk_flops, chunk_bytes = _attention_work(setup, S_c, P_c, np.ones_like(S_c), "prefill")
+        chunk_flops, chunk_bytes = _attention_work(setup, S_c, P_c, b_c + 0 * S_c, "prefill")
         attn_flops, attn_bytes = attn_flops + chunk_flops, attn_bytes + chunk_bytes
     groups.append(_roofline(
         "attention", attn_flops, attn_bytes, setup.attention_rate_flops_per_s,

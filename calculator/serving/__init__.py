@@ -56,12 +56,8 @@ def evaluate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
     deployment = as_model("deployment", deployment, Deployment)
     workload = as_model("workload", workload, Workload)
     slo = None if slo is None else as_model("slo", slo, SLO)
-    given = [] if isinstance(gpus, (list, tuple)) and not gpus else items("gpus", gpus, MAX_GPU_TYPES,
-                                                                          (GPUSpec, Mapping))
-    custom = {spec.id: spec for spec in (as_model(f"gpus.{i}", g, GPUSpec) for i, g in enumerate(given))}
     check_context(m, workload)
-    names = ("prefill", "decode") if deployment.mode == "disaggregated" else ("pool",)
-    pools = [_pool_model(m, name, p, workload, custom) for name, p in zip(names, deployment.pools)]
+    pools = _pool_models(m, deployment, workload, gpus)
     bad = next((pm for pm in pools if not pm.fits), None)
     if bad is not None:
         return Evaluation(mode=deployment.mode, stable=False, reason=bad.reason, utilisation=None, ttft_mean_s=None,
@@ -89,6 +85,16 @@ def evaluate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
         ttft_by_percentile_s={pc: float(a.ttft_p_s[0]) for pc, a in by_p.items()} if stable else {},
         tpot_by_percentile_s={pc: float(a.tpot_p_s[0]) for pc, a in by_p.items()} if stable else {},
     )
+
+
+def _pool_models(m: ModelSpec, d: Deployment, w: Workload,
+                 gpus: Sequence[GPUSpec | Mapping[str, Any]] | GPUSpec) -> list[PoolModel]:
+    """The deployment's PoolModels; ``gpus`` are inline GPU specs for pool ids not in the database."""
+    given = [] if isinstance(gpus, (list, tuple)) and not gpus else items("gpus", gpus, MAX_GPU_TYPES,
+                                                                          (GPUSpec, Mapping))
+    custom = {spec.id: spec for spec in (as_model(f"gpus.{i}", g, GPUSpec) for i, g in enumerate(given))}
+    names = ("prefill", "decode") if d.mode == "disaggregated" else ("pool",)
+    return [_pool_model(m, name, p, w, custom) for name, p in zip(names, d.pools)]
 
 
 def _pool_model(m: ModelSpec, name: str, pool: Pool, w: Workload, custom: dict[str, GPUSpec]) -> PoolModel:

@@ -28,6 +28,15 @@ from ..phases import Setup, step_groups, step_time_s
 from .workload import SLO, Count, Workload
 
 Mode = Literal["mixed", "chunked", "disaggregated"]
+Scheduler = Literal["hybrid", "prefill_first"]
+SCHEDULER_ENGINES = {
+    "hybrid": ("running decodes and new prompts share each step (a whole prompt is one piece when chunking is "
+               "off): vLLM V1 (0.8+), SGLang, TensorRT-LLM (inflight batching), llama.cpp's server, "
+               "transformers' continuous batching"),
+    "prefill_first": ("a step runs waiting prompts alone and stalls every decode: vLLM V0 (before 0.8, "
+                      "chunked prefill off), early TGI"),
+}
+"""What each mixed-mode scheduler policy describes (the docs table reads it from here)."""
 DEFAULT_BATCH_CAP = 512
 FIXED_POINT_ITERATIONS = 60
 
@@ -60,6 +69,12 @@ class Deployment(BaseModel):
     prefill: Pool | None = Field(default=None, description="disaggregated: the prefill pool")
     decode: Pool | None = Field(default=None, description="disaggregated: the decode pool")
     chunk_tokens: Count = Field(default=2048, ge=64, le=65_536, description="chunked: token budget per iteration")
+    scheduler: Scheduler = Field(
+        default="hybrid", description="mixed: 'hybrid' (new prompts join the running decodes' step: vLLM V1, SGLang, "
+        "TensorRT-LLM) or 'prefill_first' (prompts run in steps of their own: vLLM V0)")
+    max_batched_tokens: Count = Field(
+        default=8192, ge=64, le=1_048_576, description="mixed and disaggregated prefill: token budget of one step "
+        "(prompts are batched up to it; a prompt longer than it runs alone)")
     kv_link: Literal["scaleout", "scaleup"] = Field(
         default="scaleout", description="disaggregated: NIC between nodes, or the scale-up link inside one node")
     layerwise_kv_overlap: bool = Field(default=False, description="disaggregated: send each layer's KV as it is computed")
@@ -112,7 +127,10 @@ class PoolModel:
     setup: Setup
     pool: Pool
     gpu: GPUSpec
-    kv_capacity_tokens: float  # KV tokens one instance can hold
+    kv_budget_bytes: float  # KV bytes one GPU of an instance can hold
+    kv_full_bytes_per_token: float  # per GPU, layers that keep the whole context
+    kv_window_bytes_per_token: float  # per GPU, sliding-window layers (they keep at most kv_window tokens)
+    kv_window: float
     fits: bool
     reason: str | None
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
@@ -123,17 +141,43 @@ class PoolModel:
         setup = Setup(model, g, tp=pool.tp, pp=pool.pp, weight_dtype=pool.weight_dtype, kv_dtype=pool.kv_dtype)
         seq = int(workload.isl.mean + workload.osl.mean)
         mem = memory_breakdown(setup, seq, 0, 1)
-        per_token = float(kv_bytes_per_gpu(model, 1.0, pool.kv_dtype, tp=pool.tp, pp=pool.pp))
-        capacity = max(0.0, mem.kv_budget_bytes) / per_token
-        fits = mem.kv_budget_bytes > float(kv_bytes_per_gpu(model, seq, pool.kv_dtype, tp=pool.tp, pp=pool.pp))
+
+        def kv(tokens: float) -> float:
+            return float(kv_bytes_per_gpu(model, tokens, pool.kv_dtype, tp=pool.tp, pp=pool.pp))
+
+        window = float(model.sliding_window or 0) if model.num_sliding_layers else 0.0
+        full = kv(window + 1) - kv(window) if window else kv(1.0)
+        fits = mem.kv_budget_bytes > kv(seq)
         reason = None if fits else (
             f"{model.id} does not fit on {g.id} at tp={pool.tp} pp={pool.pp} ({pool.weight_dtype}): "
             f"{(mem.weights_bytes + mem.activation_workspace_bytes + mem.runtime_reserve_bytes) / 1e9:.1f} GB per GPU "
             f"before KV, {mem.usable_bytes / 1e9:.1f} GB usable")
-        return cls(setup, pool, g, capacity, fits, reason)
+        return cls(setup, pool, g, max(0.0, mem.kv_budget_bytes), full, kv(1.0) - full, window, fits, reason)
 
-    def prefill_s(self, new_tokens, cached_tokens=0.0) -> np.ndarray:
-        return step_time_s(step_groups(self.setup, S=new_tokens, P=cached_tokens, b=1, phase="prefill"), self.setup)
+    def kv_seq_bytes(self, tokens) -> np.ndarray:
+        """KV bytes per GPU of sequences of ``tokens`` tokens (sliding-window layers capped at the window)."""
+        c = np.asarray(tokens, dtype=float)
+        return self.kv_full_bytes_per_token * c + self.kv_window_bytes_per_token * np.minimum(c, self.kv_window or c)
+
+    @property
+    def kv_capacity_tokens(self) -> float:
+        """Tokens of full-attention KV one instance holds (what the budget holds at one token's bytes)."""
+        return self.kv_budget_bytes / float(self.kv_seq_bytes(1.0))
+
+    def prefill_s(self, new_tokens, cached_tokens=0.0, prompts=1.0) -> np.ndarray:
+        """One step that prefills ``prompts`` prompts of ``new_tokens`` (after ``cached_tokens``) each."""
+        if np.all(np.asarray(prompts) == 1):
+            return step_time_s(step_groups(self.setup, S=new_tokens, P=cached_tokens, b=1, phase="prefill"),
+                               self.setup)
+        return self.step_s(0, 1, new_tokens, cached_tokens, prompts)
+
+    def step_s(self, decodes, context, chunk_tokens, chunk_prefix, chunks=1.0) -> np.ndarray:
+        """One engine step: ``decodes`` running sequences at a mean ``context`` plus ``chunks`` prompt
+        pieces of ``chunk_tokens`` new tokens after ``chunk_prefix`` cached ones (arrays broadcast)."""
+        groups = step_groups(self.setup, S=1, P=np.maximum(np.asarray(context, dtype=float) - 1, 0),
+                             b=np.asarray(decodes, dtype=float), phase="decode",
+                             chunk=(chunk_tokens, chunk_prefix, chunks))
+        return step_time_s(groups, self.setup)
 
     def decode_s(self, batch, context) -> np.ndarray:
         b = np.maximum(np.asarray(batch, dtype=float), 1.0)
@@ -145,10 +189,15 @@ class PoolModel:
                              chunk=(chunk_tokens, chunk_prefix))
         return step_time_s(groups, self.setup)
 
-    def batch_limit(self, workload: Workload) -> float:
-        """Concurrent sequences: the engine cap, and the KV tokens at the mean sequence's midpoint."""
+    def kv_limit(self, workload: Workload) -> float:
+        """Sequences whose KV one instance holds, each at the mean sequence's midpoint (sliding-window
+        layers capped at the window, as ``estimate`` does)."""
         mean_resident = workload.isl.mean + workload.osl.mean / 2
-        return float(min(self.pool.max_batch, self.kv_capacity_tokens / mean_resident))
+        return self.kv_budget_bytes / float(self.kv_seq_bytes(mean_resident))
+
+    def batch_limit(self, workload: Workload) -> float:
+        """Concurrent sequences: the engine cap, and the KV memory (``kv_limit``)."""
+        return float(min(self.pool.max_batch, self.kv_limit(workload)))
 
     def decode_table(self, context: float, limit: float) -> tuple[np.ndarray, np.ndarray]:
         """(batch grid, decode step time s) at a mean context, up to ``limit + 1`` sequences."""

@@ -122,6 +122,16 @@ class Length(BaseModel):
         z = np.array([NormalDist().inv_cdf(float(q)) for q in probs])
         return np.maximum(1.0, np.round(np.exp(mu + math.sqrt(sigma2) * z)))
 
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` integer lengths >= 1 drawn from the distribution (samples: with replacement)."""
+        if self.samples is not None:
+            return rng.choice(np.asarray(self.samples, dtype=np.int64), n)
+        if self.cv == 0:
+            return np.full(n, max(1, round(self.mean)), dtype=np.int64)
+        sigma2 = math.log(1 + self.cv**2)
+        draws = rng.lognormal(math.log(self.mean) - sigma2 / 2, math.sqrt(sigma2), n)
+        return np.maximum(1, np.round(draws)).astype(np.int64)
+
     @property
     def max(self) -> float:
         return float(max(self.samples)) if self.samples is not None else self.quantile(0.999)
