@@ -100,6 +100,12 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "rho_p": ("\\rho_{p}", "fraction of time spent in prefill", "1"),
     "n_out": ("n_{out}", "output tokens per request", "tokens"),
     "TPOT": ("TPOT", "time per output token", "s"),
+    "E_X2": ("E[X^{2]}", "second moment of one prompt's stall (the time its step(s) add to every running decode)", "s^2"),
+    "E_inv_n": ("E[1/n]", "mean of 1 / (output tokens - 1) over requests", "1/tokens"),
+    "t_slope": ("t'_{d}", "decode step time added by one more sequence in the batch", "s"),
+    "B": ("B", "mean sequences decoding at once", "sequences"),
+    "V_T": ("V_{T}", "variance of a request's TPOT", "s^2"),
+    "z": ("z", "standard normal quantile of the percentile", "1"),
 }
 
 
@@ -792,6 +798,54 @@ littles_law_batch = Formula(
 )
 
 
+def _tpot_stall_variance(E_X2: Any, E_inv_n: Any, TPOT: Any, lambda_: Any, rho_p: Any) -> Any:
+    return E_inv_n*E_X2*TPOT*lambda_/(1 - rho_p)**2
+
+
+tpot_stall_variance = Formula(
+    name="tpot_stall_variance",
+    section="queueing and serving",
+    unit="s^2",
+    doc="Variance of a request's TPOT from the prompts that land in its lifetime: compound Poisson (lambda n TPOT stalls of second moment E[X^2]) over n tokens, amplified by 1/(1 - rho) because every stall lengthens the lifetime in which further prompts arrive. A prompt's stall X counts its own step time and the decode time its sequence adds to the batch for the rest of the lifetime; rho = lambda E[X].",
+    args=("E_X2", "E_inv_n", "TPOT", "lambda", "rho_p"),
+    latex="\\frac{E[1/n] E[X^{2]} TPOT \\lambda}{\\left(1 - \\rho_{p}\\right)^{2}}",
+    fn=_tpot_stall_variance,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _tpot_batch_variance(B: Any, rho_p: Any, t_slope: Any) -> Any:
+    return (2/3)*B*t_slope**2/(1 - rho_p)**2
+
+
+tpot_batch_variance = Formula(
+    name="tpot_batch_variance",
+    section="queueing and serving",
+    unit="s^2",
+    doc="Variance of a request's TPOT from the decode batch it shares: the batch is Poisson (continuous batching is an M/G/infinity queue), and its average over one lifetime keeps 2/3 of the variance.",
+    args=("B", "rho_p", "t_slope"),
+    latex="\\frac{2 B t'_{d}^{2}}{3 \\left(1 - \\rho_{p}\\right)^{2}}",
+    fn=_tpot_batch_variance,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _lognormal_quantile(TPOT: Any, V_T: Any, z: Any) -> Any:
+    return TPOT*numpy.exp(z*numpy.sqrt(numpy.log(1 + V_T/TPOT**2)))/numpy.sqrt(1 + V_T/TPOT**2)
+
+
+lognormal_quantile = Formula(
+    name="lognormal_quantile",
+    section="queueing and serving",
+    unit="s",
+    doc="p-quantile of a lognormal with mean TPOT and variance V_T (a request's TPOT is a positive sum, skewed right).",
+    args=("TPOT", "V_T", "z"),
+    latex="\\frac{TPOT e^{z \\sqrt{\\log{\\left(1 + \\frac{V_{T}}{TPOT^{2}} \\right)}}}}{\\sqrt{1 + \\frac{V_{T}}{TPOT^{2}}}}",
+    fn=_lognormal_quantile,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
 def _kv_transfer_time(Q: Any, alpha: Any, beta_link: Any, eta_l: Any) -> Any:
     return Q/(beta_link*eta_l) + alpha
 
@@ -850,5 +904,8 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     wait_percentile,
     mixed_tpot,
     littles_law_batch,
+    tpot_stall_variance,
+    tpot_batch_variance,
+    lognormal_quantile,
     kv_transfer_time,
 )}

@@ -404,6 +404,35 @@ littles_law_batch = _formula(
     "littles_law_batch", lam * n_out * tpot_sym, "sequences",
     "Sequences decoding at once = arrival rate x output tokens x time per token (Little's law).",
 )
+X2 = _sym("E_X2", "second moment of one prompt's stall (the time its step(s) add to every running decode)", "s^2",
+          "E[X^2]")
+inv_n = _sym("E_inv_n", "mean of 1 / (output tokens - 1) over requests", "1/tokens", r"E[1/n]")
+t_slope = _sym("t_slope", "decode step time added by one more sequence in the batch", "s", r"t'_{d}")
+B_sym = _sym("B", "mean sequences decoding at once", "sequences")
+var_sym = _sym("V_T", "variance of a request's TPOT", "s^2", "V_{T}")
+z_q = _sym("z", "standard normal quantile of the percentile", "1")
+tpot_stall_variance = _formula(
+    "tpot_stall_variance",
+    lam * tpot_sym * X2 * inv_n / (1 - rho_p) ** 2,
+    "s^2",
+    "Variance of a request's TPOT from the prompts that land in its lifetime: compound Poisson "
+    "(lambda n TPOT stalls of second moment E[X^2]) over n tokens, amplified by 1/(1 - rho) because every "
+    "stall lengthens the lifetime in which further prompts arrive. A prompt's stall X counts its own step "
+    "time and the decode time its sequence adds to the batch for the rest of the lifetime; rho = lambda E[X].",
+)
+tpot_batch_variance = _formula(
+    "tpot_batch_variance",
+    t_slope**2 * 2 * B_sym / 3 / (1 - rho_p) ** 2,
+    "s^2",
+    "Variance of a request's TPOT from the decode batch it shares: the batch is Poisson (continuous batching "
+    "is an M/G/infinity queue), and its average over one lifetime keeps 2/3 of the variance.",
+)
+lognormal_quantile = _formula(
+    "lognormal_quantile",
+    tpot_sym * sp.exp(z_q * sp.sqrt(sp.log(1 + var_sym / tpot_sym**2)) - sp.log(1 + var_sym / tpot_sym**2) / 2),
+    "s",
+    "p-quantile of a lognormal with mean TPOT and variance V_T (a request's TPOT is a positive sum, skewed right).",
+)
 kv_transfer_time = _formula(
     "kv_transfer_time",
     Q / (beta_link * eta_l) + alpha,

@@ -23,22 +23,31 @@ from .workload import SLO, Length, Workload
 
 ANALYSERS = {"mixed": mixed.analyse, "chunked": chunked.analyse, "disaggregated": disaggregated.analyse}
 
-__all__ = ["SLO", "Deployment", "Evaluation", "Length", "Pool", "Workload", "analyse", "evaluate"]
+__all__ = ["SLO", "Deployment", "Evaluation", "Length", "Pool", "Workload", "analyse", "evaluate", "simulate"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("simulate", "Simulation"):
+        from . import simulate as module
+
+        return getattr(module, name)
+    raise AttributeError(name)
 
 
 def analyse(model: ModelSpec, d: Deployment, w: Workload, rates, p: float,
-            pools: tuple[PoolModel, ...] | None = None) -> ModeArrays:
+            pools: tuple[PoolModel, ...] | None = None, joint: bool = False) -> ModeArrays:
     """The mode's statistics at each arrival rate in ``rates`` for the SLO percentile ``p`` (0-1).
 
     ``pools`` are the deployment's PoolModels when the caller already built them (their step-time
-    tables are cached on them, so a search reuses them across calls).
+    tables are cached on them, so a search reuses them across calls). ``joint`` also tabulates the
+    TTFT distribution for joint SLO attainment.
     """
     with np.errstate(all="ignore"):
         if pools is None:
             pools = tuple(PoolModel.build(model, pool, w) for pool in d.pools)
         if d.mode == "disaggregated":
-            return disaggregated.analyse(model, d, w, rates, p, pools)  # type: ignore[arg-type]
-        return ANALYSERS[d.mode](model, d, w, rates, p, pools[0])
+            return disaggregated.analyse(model, d, w, rates, p, pools, joint)  # type: ignore[arg-type]
+        return ANALYSERS[d.mode](model, d, w, rates, p, pools[0], joint)
 
 
 def evaluate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
@@ -60,30 +69,37 @@ def evaluate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
     pools = _pool_models(m, deployment, workload, gpus)
     bad = next((pm for pm in pools if not pm.fits), None)
     if bad is not None:
-        return Evaluation(mode=deployment.mode, stable=False, reason=bad.reason, utilisation=None, ttft_mean_s=None,
+        return Evaluation(mode=deployment.mode, stable=False, reason=bad.reason, utilisation=None,
+                          binding="GPU memory (the weights)", ttft_mean_s=None,
                           tpot_mean_s=None, kv_transfer_s=None, decode_batch=None, goodput_rps=0.0,
                           num_gpus=deployment.num_gpus)
     rate = np.array([workload.rate])
     by_p = {}
     for pc in PERCENTILES:
         budget.check()
-        by_p[pc] = analyse(m, deployment, workload, rate, pc / 100, tuple(pools))
-    base = by_p[90]
+        by_p[pc] = analyse(m, deployment, workload, rate, pc / 100, tuple(pools), joint=slo is not None and pc == 90)
+    base = by_p[int(round(slo.percentile))] if slo is not None and int(round(slo.percentile)) in by_p else by_p[90]
+    if slo is not None and int(round(slo.percentile)) not in by_p:
+        base = analyse(m, deployment, workload, rate, slo.p, tuple(pools), joint=True)
     stable = bool(base.stable[0])
     goodput = _goodput(m, deployment, workload, slo, tuple(pools)) if slo is not None else None
-    reason = None if stable else (
-        f"overloaded at {workload.rate:g} req/s: utilisation {float(base.utilisation[0]):.2f} of the "
-        f"{str(base.binding[0])} (>= 1 or the KV cache cannot hold the decode batch)")
+    util = float(base.utilisation[0])
+    binding = str(base.binding[0])
+    reason = None if stable else f"overloaded at {workload.rate:g} req/s: {binding} at utilisation {util:.2f} (>= 1)"
+    attainment = None
+    if slo is not None and stable:
+        joint = analyse(m, deployment, workload, rate, slo.p, tuple(pools), joint=True)
+        attainment = float(joint.attainment(slo)[0])
     return Evaluation(
-        mode=deployment.mode, stable=stable, reason=reason,
-        utilisation=finite_or_none(float(base.utilisation[0])),
+        mode=deployment.mode, stable=stable, reason=reason, utilisation=finite_or_none(util), binding=binding,
         ttft_mean_s=finite_or_none(float(base.ttft_mean_s[0])) if stable else None,
         tpot_mean_s=finite_or_none(float(base.tpot_mean_s[0])) if stable else None,
         kv_transfer_s=float(base.kv_transfer_s[0]) if deployment.mode == "disaggregated" else 0.0,
         decode_batch=finite_or_none(float(base.batch[0])) if stable else None,
-        goodput_rps=goodput, num_gpus=deployment.num_gpus,
+        goodput_rps=goodput, num_gpus=deployment.num_gpus, attainment=attainment,
         ttft_by_percentile_s={pc: float(a.ttft_p_s[0]) for pc, a in by_p.items()} if stable else {},
         tpot_by_percentile_s={pc: float(a.tpot_p_s[0]) for pc, a in by_p.items()} if stable else {},
+        itl_by_percentile_s={pc: float(a.itl_p_s[0]) for pc, a in by_p.items()} if stable else {},
     )
 
 
@@ -131,7 +147,7 @@ def _goodput(m: ModelSpec, d: Deployment, w: Workload, slo: SLO, pools: tuple[Po
     for _ in range(8):  # widen until the grid reaches a rate that fails
         budget.check()
         rates = rate_grid(upper)
-        ok = analyse(m, d, w, rates, slo.p, pools).meets(slo)
+        ok = analyse(m, d, w, rates, slo.p, pools, joint=slo.attainment == "joint").meets(slo)
         if not ok[-1]:
             break
         upper *= 8

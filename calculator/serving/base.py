@@ -338,15 +338,52 @@ def z_score(p: float) -> float:
     return NormalDist().inv_cdf(p)
 
 
-def queue_wait(rate, service: PrefillService, servers, p: float) -> tuple[np.ndarray, np.ndarray]:
-    """(mean wait, p-quantile of the wait) of an M/G/c queue; inf when rho >= 1."""
+def queue_wait(rate, service: PrefillService, servers, p: float, batched=False) -> tuple[np.ndarray, np.ndarray]:
+    """(mean wait, p-quantile of the wait) of an M/G/c queue; inf when rho >= 1. ``batched``: queued
+    prompts share a step with those that arrive while they wait (the wait stretches by 1 + rho)."""
     rate = np.asarray(rate, dtype=float)
     args = {"lambda": rate, "E_S": service.mean_s, "c_s2": service.cs2, "c_srv": servers}
     rho = f.server_utilisation(args)
-    wq = np.where(rho < 1, f.mean_queue_wait(args), np.inf)
+    wq = np.where(rho < 1, f.mean_queue_wait(args), np.inf) * np.where(batched, 1 + rho, 1.0)
     pw = f.wait_probability(args)
     wp = np.where(rho < 1, f.wait_percentile(W_q=np.where(rho < 1, wq, 0), P_w=np.maximum(pw, 1e-300), p=p), np.inf)
     return wq, wp
+
+
+def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=None) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, p-quantile) of a prompt's wait for its own step on an instance that also decodes.
+
+    An arrival finds a prompt step running with probability P_w (it then waits as in M/G/1: an
+    exponential time of mean W_q / P_w), else a decode step of ``step_s``, whose rest it waits out
+    (uniform). So P(wait > x) = (1 - P_w) max(0, 1 - x / t_d) + P_w exp(-x P_w / W_q), solved for
+    the p-quantile by bisection. ``batched`` (a bool array): prompts that queued are served in one
+    step with those that arrived while they waited, which stretches a waiting prompt's time by
+    (1 + rho) on average. ``busy_s``: how long one prompt keeps the queue busy when that exceeds its
+    work (chunked: a prompt's last, part-filled step), which sets P_w = lambda busy_s.
+    """
+    rate = np.asarray(rate, dtype=float)
+    args = {"lambda": rate, "E_S": service.mean_s, "c_s2": service.cs2, "c_srv": 1}
+    rho = f.server_utilisation(args)
+    ok = rho < 1
+    wq = np.where(ok, f.mean_queue_wait(args), np.inf) * np.where(batched, 1 + rho, 1.0)
+    pw = np.clip(np.asarray(f.wait_probability(args), dtype=float), 1e-12, 1.0)
+    theta = np.where(ok, wq / pw, 1.0)
+    if busy_s is not None:
+        pw = np.clip(rate * busy_s, pw, 1.0)
+        ok = ok & (pw < 1)
+    t_d = np.maximum(np.asarray(step_s, dtype=float), 1e-12)
+
+    def tail(x: np.ndarray) -> np.ndarray:
+        return (1 - pw) * np.maximum(0.0, 1 - x / t_d) + pw * np.exp(-x / theta)
+
+    hi = t_d + theta * np.log(np.maximum(pw / (1 - p), 1.0)) + 1e-12
+    lo = np.zeros_like(hi)
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        above = tail(mid) > 1 - p
+        lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
+    mean = (1 - pw) * t_d / 2 + wq
+    return np.where(ok, mean, np.inf), np.where(ok, hi, np.inf)
 
 
 def decode_fixed_point(pm: PoolModel, context: float, rate, osl_mean: float, inflation, limit: float
@@ -372,6 +409,71 @@ def decode_step_at(pm: PoolModel, context: float, limit: float, batch) -> np.nda
     return interp_rows(grid, table, b.reshape(-1))[0].reshape(b.shape)
 
 
+def tpot_tail(tpot_mean, rho, lam, x_mean, x_cv2: float, w: Workload, slope, batch, p: float
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """(variance, p-quantile) of a request's TPOT, a lognormal with the mean ``tpot_mean``.
+
+    The stalls: each prompt landing in a request's lifetime adds its step time ``x_mean`` (squared
+    cv ``x_cv2``) and, because its sequence then decodes alongside for about half the lifetime,
+    ``slope`` (one more sequence's step time) x osl / 2. The batch: the spread of the batch it decodes
+    with. ``rho`` is the prompts' time share (the amplification of the mean TPOT).
+    """
+    x_eff = x_mean + slope * w.osl.mean / 2
+    rho_eff = np.minimum(lam * x_eff, 0.999)
+    stalls = f.tpot_stall_variance(**{"lambda": lam, "TPOT": tpot_mean, "E_X2": x_eff**2 + x_mean**2 * x_cv2,
+                                      "E_inv_n": inverse_osl(w), "rho_p": rho_eff})
+    var = stalls + f.tpot_batch_variance(t_slope=slope, B=batch, rho_p=rho)
+    finite = np.isfinite(tpot_mean) & np.isfinite(var)
+    q = f.lognormal_quantile(TPOT=np.where(finite, tpot_mean, 1.0), V_T=np.where(finite, var, 0.0), z=z_score(p))
+    return var, np.where(finite, q, np.inf)
+
+
+def lognormal_cdf(mean, var, x) -> np.ndarray:
+    """P(TPOT <= x) for the lognormal of ``tpot_tail``."""
+    mean, var = np.asarray(mean, dtype=float), np.asarray(var, dtype=float)
+    ok = np.isfinite(mean) & np.isfinite(var) & (mean > 0)
+    m = np.where(ok, mean, 1.0)
+    s2 = np.log1p(np.where(ok, var, 0.0) / m**2)
+    z = (np.log(x) - np.log(m) + s2 / 2) / np.sqrt(np.maximum(s2, 1e-30))
+    cdf = 0.5 * (1 + _erf(z / math.sqrt(2)))
+    return np.where(ok, cdf, 0.0)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """Error function, vectorised (Abramowitz-Stegun 7.1.26, |error| < 1.5e-7)."""
+    sign = np.sign(x)
+    x = np.abs(x)
+    t = 1 / (1 + 0.3275911 * x)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return sign * (1 - poly * np.exp(-x * x))
+
+
+def inverse_osl(w: Workload) -> float:
+    """E[1 / (osl - 1)] over the output-length distribution (requests with one token have no gaps)."""
+    vals, weights = w.osl.points()
+    gaps = np.maximum(vals - 1, 1.0)
+    return float(np.sum(weights / gaps))
+
+
+def admission_wait(lam, batch, limit: float, life_s, life_cs2: float, p: float) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, p-quantile) of the wait for a batch slot (KV memory or the batch cap): an M/G/c queue
+    whose c = floor(limit) servers are the slots and whose service is a request's decode lifetime."""
+    c = np.maximum(np.floor(limit), 1.0)
+    lam = np.asarray(lam, dtype=float)
+    life = np.where(np.isfinite(life_s), life_s, 0.0)
+    args = {"lambda": lam, "E_S": life, "c_s2": life_cs2, "c_srv": c}
+    rho = lam * life / c
+    ok = rho < 1
+    wq = np.where(ok, f.mean_queue_wait({**args, "lambda": np.where(ok, lam, 0.0)}), np.inf)
+    pw = np.where(ok, f.wait_probability({**args, "lambda": np.where(ok, lam, 0.0)}), 1.0)
+    wp = np.where(ok, f.wait_percentile(W_q=np.where(ok, wq, 0), P_w=np.maximum(pw, 1e-300), p=p), np.inf)
+    return wq, wp
+
+
+ATTAINMENT_LEVELS = np.array([0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999])
+"""Percentile levels at which the TTFT distribution is tabulated for joint attainment."""
+
+
 @dataclass(frozen=True)
 class ModeArrays:
     """What a mode computes for an array of arrival rates (per queue it models)."""
@@ -385,9 +487,28 @@ class ModeArrays:
     batch: np.ndarray
     kv_transfer_s: np.ndarray
     binding: np.ndarray  # which resource limits: text per rate
+    tpot_var_s2: np.ndarray  # variance of a request's TPOT (lognormal)
+    itl_p_s: np.ndarray  # p-quantile of every inter-token gap
+    ttft_levels_s: np.ndarray | None = None  # TTFT at ATTAINMENT_LEVELS (levels x rates), joint SLOs only
 
     def meets(self, slo: SLO) -> np.ndarray:
-        return self.stable & (self.ttft_p_s <= slo.ttft_s) & (self.tpot_p_s <= slo.tpot_s)
+        ok = self.stable & (self.ttft_p_s <= slo.ttft_s)
+        if slo.itl_s is not None:
+            ok = ok & (self.itl_p_s <= slo.itl_s)
+        if slo.attainment == "joint":
+            return ok & (self.attainment(slo) >= slo.p)
+        return ok & (self.tpot_p_s <= slo.tpot_s)
+
+    def attainment(self, slo: SLO) -> np.ndarray:
+        """Share of requests that meet both the TTFT and the TPOT target (independence assumed, which
+        under-counts: both grow with the same load)."""
+        if self.ttft_levels_s is None:
+            raise ValueError("joint attainment needs the TTFT levels (analyse with joint=True)")
+        levels = np.concatenate([[0.0], ATTAINMENT_LEVELS])
+        # P(TTFT <= a): the highest tabulated level whose TTFT is within the target (TTFT grows with the level)
+        p_ttft = levels[np.sum(self.ttft_levels_s <= slo.ttft_s, axis=0)]
+        p_tpot = lognormal_cdf(self.tpot_mean_s, self.tpot_var_s2, slo.tpot_s)
+        return np.where(self.stable, p_ttft * p_tpot, 0.0)
 
 
 class Evaluation(BaseModel):
@@ -398,7 +519,9 @@ class Evaluation(BaseModel):
     mode: Mode
     stable: bool
     reason: str | None = None
-    utilisation: float | None = Field(description="busiest resource's load (prefill or decode), 1 = saturated")
+    utilisation: float | None = Field(description="the binding resource's load, 1 = saturated")
+    binding: str | None = Field(default=None, description="the resource that binds: prompt steps / prefill chunks / "
+                                "prefill interference, decode bandwidth, batch cap, KV memory, prefill pool")
     ttft_mean_s: float | None
     tpot_mean_s: float | None
     kv_transfer_s: float | None = Field(description="disaggregated: KV move per request (visible part)")
@@ -407,12 +530,19 @@ class Evaluation(BaseModel):
     num_gpus: int
     ttft_by_percentile_s: dict[int, float] = Field(default_factory=dict)
     tpot_by_percentile_s: dict[int, float] = Field(default_factory=dict)
+    itl_by_percentile_s: dict[int, float] = Field(
+        default_factory=dict, description="inter-token latency: every gap between two output tokens, pooled")
+    attainment: float | None = Field(
+        default=None, description="with an SLO: share of requests meeting TTFT and TPOT together (joint)")
 
     def ttft_s(self, p: float = 90) -> float:
         return self._at(self.ttft_by_percentile_s, p, "ttft")
 
     def tpot_s(self, p: float = 90) -> float:
         return self._at(self.tpot_by_percentile_s, p, "tpot")
+
+    def itl_s(self, p: float = 90) -> float:
+        return self._at(self.itl_by_percentile_s, p, "itl")
 
     def _at(self, table: dict[int, float], p: float, name: str) -> float:
         """The percentile ``p`` (one of PERCENTILES); ``UnstableError`` when the rate overloads the deployment."""

@@ -1,15 +1,19 @@
 """Prefill/decode disaggregation (DistServe / Splitwise / Mooncake style), xPyD pools.
 
-Prefill pool: N_p instances share one queue (M/G/c, c = N_p) of prefills at batch 1.
+Prefill pool: N_p instances share one queue (M/G/c, c = N_p); a free instance runs every waiting
+prompt up to the token budget in one step (``prefill_batch``), which shares the weight reads.
 KV transfer: the request's whole cache (isl tokens, all layers) crosses min(tp_p, tp_d) parallel
 links of the chosen kind (scale-out NIC between nodes, or the scale-up link inside one); with
 layer-wise overlap only what outlasts the prefill (and at least one layer's share) is visible.
-  TTFT = W_q(M/G/c) + s_p + t_kv
-Decode pool: each instance sees lambda / N_d; B = lambda_d osl t_d(B) (least fixed point) capped by
-KV memory and the batch cap; TPOT = t_d(B), its tail from the Poisson spread of B (B + z sqrt(B)).
+  TTFT = W_q(M/G/c) + s_p + t_kv + W_slot + t_d / 2 (the decode instance takes it at its next step)
+Decode pool: each instance sees lambda / N_d; B = lambda_d osl t_d(B) (least fixed point); a request
+waits for a batch slot (KV memory or the batch cap: M/G/c over the slots, ``base.admission_wait``);
+TPOT = t_d(B), its tail from the spread of the batch over a lifetime (``base.tpot_tail``).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -18,13 +22,16 @@ from hardware_db.schema import ModelSpec
 from .. import formulas as f
 from ..kv_cache import kv_cache_bytes
 from .base import (
+    ATTAINMENT_LEVELS,
     Deployment,
     ModeArrays,
     PoolModel,
     PrefillService,
     decode_fixed_point,
     decode_step_at,
+    admission_wait,
     queue_wait,
+    tpot_tail,
     z_score,
 )
 from .workload import Workload
@@ -55,28 +62,61 @@ def kv_move_s(model: ModelSpec, kv_bytes: float, pre: PoolModel, dec: PoolModel,
     return t
 
 
+def prefill_batch(pre: PoolModel, w: Workload, lam_server, budget_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """(prompts per prefill step, that step's time) at each per-instance arrival rate: the prompts that
+    arrive during one batch-1 prefill share the next step, up to the token budget (at least one)."""
+    s1 = PrefillService.of(pre, w, 0.5).mean_s
+    most = max(1.0, math.floor(budget_tokens / w.isl.mean))
+    b = np.clip(np.asarray(lam_server, dtype=float) * s1, 1.0, most)
+    cached = w.isl.mean * w.prefix_hit
+    return b, np.asarray(pre.prefill_s(w.isl.mean - cached, cached, b), dtype=float)
+
+
 def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
-            pools: tuple[PoolModel, PoolModel] | None = None) -> ModeArrays:
+            pools: tuple[PoolModel, PoolModel] | None = None, joint: bool = False) -> ModeArrays:
     assert d.prefill is not None and d.decode is not None
     pre, dec = pools or (PoolModel.build(model, d.prefill, w), PoolModel.build(model, d.decode, w))
     lam = np.asarray(total_rate, dtype=float)
-    service = PrefillService.of(pre, w, p)
-    wq, wp = queue_wait(lam, service, d.prefill.instances, p)
-    t_kv = kv_transfer_s(model, d, w, pre, dec, service.mean_s)
-    ttft_mean = wq + service.mean_s + t_kv
-    ttft_p = wp + service.quantile_s + t_kv
+    one = PrefillService.of(pre, w, p)
+    b, step = prefill_batch(pre, w, lam / d.prefill.instances, d.max_batched_tokens)
+    scale = step / (b * one.mean_s)  # batching shares the weight reads: a prompt costs less
+    service = PrefillService(one.mean_s * scale, one.second_moment_s2 * scale**2, one.quantile_s)  # type: ignore[arg-type]
+    own_mean = step
+    t_kv = kv_transfer_s(model, d, w, pre, dec, one.mean_s)
     rho_prefill = lam * service.mean_s / d.prefill.instances
 
     lam_d = lam / d.decode.instances
     ctx = w.isl.mean + (w.osl.mean + 1) / 2
     limit = dec.batch_limit(w)
-    batch, tpot = decode_fixed_point(dec, ctx, lam_d, w.osl.mean, 1.0, limit)
+    batch, _ = decode_fixed_point(dec, ctx, lam_d, w.osl.mean, 1.0, limit)
     b_cap = np.minimum(batch, limit)
-    b_tail = np.minimum(batch + z_score(p) * np.sqrt(batch), limit)
-    tpot_p = np.where(np.isfinite(tpot), np.maximum(decode_step_at(dec, ctx, limit, b_tail), tpot), np.inf)
-    marginal = decode_step_at(dec, ctx, limit, b_cap + 1) - decode_step_at(dec, ctx, limit, b_cap)
-    rho_decode = np.where(np.isfinite(tpot), lam_d * w.osl.mean * marginal, np.inf)
-    util = np.maximum(rho_prefill, rho_decode)
-    stable = (rho_prefill < 1) & np.isfinite(tpot) & (rho_decode < 1)
-    binding = np.where(rho_prefill >= rho_decode, "prefill pool", np.where(batch >= limit, "decode KV memory", "decode pool"))
-    return ModeArrays(stable, util, ttft_mean, ttft_p, tpot, tpot_p, batch, np.full_like(lam, t_kv), binding)
+    t_d = decode_step_at(dec, ctx, limit, b_cap)
+    slope = decode_step_at(dec, ctx, limit, b_cap + 1) - t_d
+    tpot = t_d
+    tpot_var, tpot_p = tpot_tail(tpot, np.zeros_like(lam), lam_d, np.zeros_like(lam), 0.0, w, slope, b_cap, p)
+    life = w.osl.mean * tpot
+    aq, ap = admission_wait(lam_d, batch, limit, life, w.osl.cv**2, p)
+
+    def ttft_at(q: float) -> tuple[np.ndarray, np.ndarray]:
+        wq, wp = queue_wait(lam, service, d.prefill.instances, q, batched=b > 1)
+        _, ap_q = admission_wait(lam_d, batch, limit, life, w.osl.cv**2, q)
+        own = own_mean if q == 0.5 else PrefillService.of(pre, w, q).quantile_s * scale * b
+        return wq, wp + own + t_kv + ap_q + q * t_d  # the decode instance takes it at its next step
+
+    wq, ttft_p = ttft_at(p)
+    ttft_mean = wq + own_mean + t_kv + aq + t_d / 2
+    levels = np.stack([ttft_at(float(q))[1] for q in ATTAINMENT_LEVELS]) if joint else None
+    itl_p = t_d + z_score(p) * np.sqrt(b_cap) * slope
+
+    rho_decode = lam_d * w.osl.mean * slope
+    kv_limit = dec.kv_limit(w)
+    occupancy = np.where(np.isfinite(batch), batch, lam_d * life) / limit
+    names = np.array(["prefill pool", "decode bandwidth",
+                      "decode batch cap" if dec.pool.max_batch <= kv_limit else "decode KV memory"])
+    stacked = np.stack(np.broadcast_arrays(rho_prefill, rho_decode, occupancy))
+    stacked = np.where(np.isfinite(stacked), stacked, 1e9)
+    util = stacked.max(axis=0)
+    binding = names[np.argmax(stacked, axis=0)]
+    stable = (util < 1) & np.isfinite(batch) & (batch < limit)
+    return ModeArrays(stable, util, ttft_mean, ttft_p, tpot, tpot_p, batch, np.full_like(lam, t_kv), binding,
+                      tpot_var, itl_p, levels)

@@ -1,12 +1,20 @@
-"""Mixed (colocated) serving, vLLM-style: continuous batching with prefills prioritised.
+"""Mixed (colocated) serving: one pool runs prompts and decodes, under one of two scheduler policies.
 
-A prefill runs as its own step and stalls every decode in flight. Per instance, with arrival rate
-lambda, prefill time s_p and decode step t_d(B):
+``hybrid`` (the default; vLLM V1, SGLang, TensorRT-LLM, llama.cpp's server): every step carries all
+running decodes plus whole waiting prompts up to the step's token budget. A prompt of n tokens
+makes its step last S(B, n) instead of t_d(B); the decodes still emit their token in it, so each
+prompt stalls them by X = S - t_d. This is the chunked model with one piece per prompt
+(``chunked.analyse_budgets(whole_prompts=True)``).
+
+``prefill_first`` (vLLM V0, early TGI): waiting prompts run in a step of their own and every
+decode waits it out, so a prompt stalls the decodes by its whole prefill time s_p. Per instance,
+with arrival rate lambda:
   rho_p = lambda E[s_p]                                  (time share of prefills)
   TPOT  = t_d(B) / (1 - rho_p),  B = lambda osl TPOT     (Little's law; least fixed point)
-  TTFT  = W_q(M/G/1, lambda, s_p) + (1 - rho_p) t_d / 2 + s_p   (queue + residual decode step + own prefill)
-The TPOT tail counts the prefills that land in one request's lifetime: Poisson with mean
-m = lambda osl TPOT, so TPOT_p = t_d + E[s_p] (m + z_p sqrt(m)) / osl.
+  TTFT  = W_q(M/G/1, lambda, s_p) + W_slot + (1 - rho_p) t_d / 2 + s_p
+Both policies take their TPOT tail from ``base.tpot_tail`` (compound-Poisson stalls in a request's
+lifetime, amplified by 1 / (1 - rho), and the batch's spread), and their ITL from the share of
+gaps that contain a prompt.
 """
 
 from __future__ import annotations
@@ -16,45 +24,44 @@ import numpy as np
 from hardware_db.schema import ModelSpec
 
 from .. import formulas as f
-from .base import (
-    Deployment,
-    ModeArrays,
-    PoolModel,
-    PrefillService,
-    decode_fixed_point,
-    decode_step_at,
-    queue_wait,
-    z_score,
-)
+from .base import Deployment, ModeArrays, PoolModel, PrefillService, decode_fixed_point, decode_step_at
+from .chunked import analyse_budgets, first_row, single_pool_arrays
 from .workload import Workload
 
 
-def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float, pm: PoolModel | None = None) -> ModeArrays:
+def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float, pm: PoolModel | None = None,
+            joint: bool = False) -> ModeArrays:
     pool = d.pool
     assert pool is not None
     pm = pm or PoolModel.build(model, pool, w)
-    lam = np.asarray(total_rate, dtype=float) / pool.instances
+    rates = np.asarray(total_rate, dtype=float).reshape(-1)
+    if d.scheduler == "hybrid":
+        return first_row(analyse_budgets(pm, w, rates, p, np.array([float(d.max_batched_tokens)]), pool.instances,
+                                         whole_prompts=True, joint=joint))
+    return prefill_first(pm, w, rates, p, pool.instances, d.max_batched_tokens, joint)
+
+
+def prefill_first(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float, instances: int,
+                  max_batched_tokens: int, joint: bool = False) -> ModeArrays:
+    lam = np.asarray(total_rate, dtype=float) / instances
     sp_ = PrefillService.of(pm, w, p)
     rho_p = lam * sp_.mean_s
     ctx = w.isl.mean + (w.osl.mean + 1) / 2
     limit = pm.batch_limit(w)
     inflation = np.where(rho_p < 1, 1.0 / np.maximum(1e-12, 1 - rho_p), np.inf)
-    batch, tpot = decode_fixed_point(pm, ctx, lam, w.osl.mean, inflation, limit)
-    t_d = tpot * (1 - rho_p)
-    wq, wp = queue_wait(lam, sp_, 1, p)
-    residual = (1 - rho_p) * t_d / 2
-    ttft_mean = wq + residual + sp_.mean_s
-    ttft_p = wp + residual + sp_.quantile_s
-    stalls = lam * w.osl.mean * tpot
-    tpot_p = t_d + sp_.mean_s * (stalls + z_score(p) * np.sqrt(stalls)) / w.osl.mean
+    batch, _ = decode_fixed_point(pm, ctx, lam, w.osl.mean, inflation, limit)
     b_cap = np.minimum(batch, limit)
-    marginal = decode_step_at(pm, ctx, limit, b_cap + 1) - decode_step_at(pm, ctx, limit, b_cap)
-    util = rho_p + lam * w.osl.mean * marginal
-    stable = np.isfinite(tpot) & (rho_p < 1) & (util < 1)
-    binding = np.where(rho_p > 0.5 * util, "prefill interference", np.where(batch >= limit, "KV memory", "decode"))
-    inf = np.inf
-    return ModeArrays(stable, util, np.where(stable, ttft_mean, inf), np.where(stable, ttft_p, inf),
-                      np.where(stable, tpot, inf), np.where(stable, tpot_p, inf), batch, np.zeros_like(lam), binding)
+    t_d = decode_step_at(pm, ctx, limit, b_cap)
+    tpot = t_d * inflation
+    slope = decode_step_at(pm, ctx, limit, b_cap + 1) - t_d
+    a = single_pool_arrays(
+        pm, w, lam[None], p, batch[None], np.array([[limit]]), t_d[None], tpot[None], rho_p[None], rho_p[None],
+        np.full((1, lam.size), sp_.mean_s), np.full((1, lam.size), sp_.mean_s), np.full((1, lam.size), sp_.mean_s),
+        np.full((1, lam.size), sp_.quantile_s), slope[None], piece_s=sp_.mean_s + t_d[None],
+        stall_gap_share=(lam * tpot)[None], batched=np.full((1, lam.size), max_batched_tokens >= 2 * w.isl.mean),
+        interference="prefill interference", joint=joint,
+        prompt_s=lambda q: sp_.mean_s * PrefillService.of(pm, w, q).quantile_s / PrefillService.of(pm, w, q).mean_s)
+    return first_row(a)
 
 
 def tpot_formula() -> str:

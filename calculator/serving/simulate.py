@@ -316,6 +316,35 @@ def run_engine(pm: PoolModel, policy: Policy, arrivals: np.ndarray, prompt: np.n
     return first, done, trace
 
 
+def run_prefill_pool(pm: PoolModel, servers: int, arrivals: np.ndarray, prompt: np.ndarray, cached: np.ndarray,
+                     token_budget: int) -> tuple[np.ndarray, np.ndarray]:
+    """End of each request's prefill in a pool of ``servers`` instances sharing one FIFO queue; a free
+    instance takes every waiting prompt up to the token budget (the first always) in one step.
+    Returns (end of prefill, s; duration of the step that ran it, s)."""
+    n = arrivals.size
+    step_time = _StepTimes(pm)
+    free = np.zeros(servers)
+    end, duration = np.empty(n), np.empty(n)
+    head = 0
+    while head < n:
+        if head % CHECK_EVERY_STEPS == 0:
+            budget.check()
+        j = int(np.argmin(free))
+        start = max(float(free[j]), float(arrivals[head]))
+        last = head + 1
+        tokens = int(prompt[head])
+        while last < n and arrivals[last] <= start and tokens + prompt[last] <= token_budget:
+            tokens += int(prompt[last])
+            last += 1
+        batch = slice(head, last)
+        dt = step_time(0, 0.0, last - head, float(prompt[batch].mean()), float(cached[batch].mean()))
+        free[j] = start + dt
+        end[batch] = start + dt
+        duration[batch] = dt
+        head = last
+    return end, duration
+
+
 @dataclass(frozen=True)
 class Requests:
     """Seeded Poisson arrivals (s) with drawn prompt and output lengths."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -156,18 +156,29 @@ class Workload(BaseModel):
 
 
 class SLO(BaseModel):
-    """Latency targets met at a percentile of requests."""
+    """Latency targets met at a percentile.
+
+    TTFT is arrival to first token; TPOT is one request's mean gap between its output tokens
+    ((last - first token) / (osl - 1)); ITL is every single gap, pooled over all tokens. With
+    ``attainment="per_metric"`` the p-th percentile of TTFT and of TPOT must each be within target;
+    with ``"joint"`` (DistServe's SLO attainment) at least p% of requests must meet both at once.
+    ``itl_s``, when given, bounds the p-th percentile of ITL as well (what a streaming reader sees:
+    in mixed serving a prompt's step is one long gap).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    ttft_s: Number = Field(gt=0, le=3600)
-    tpot_s: Number = Field(gt=0, le=60)
+    ttft_s: Number = Field(gt=0, le=3600, description="time to first token target, s")
+    tpot_s: Number = Field(gt=0, le=60, description="time per output token target (a request's mean gap), s")
     percentile: Number = Field(default=90, ge=50, le=99.9)
+    itl_s: Number | None = Field(default=None, gt=0, le=60, description="inter-token latency target (every gap), s")
+    attainment: Literal["per_metric", "joint"] = Field(
+        default="per_metric", description="per_metric: each percentile within target; joint: p% of requests meet both")
 
-    @field_validator("ttft_s", "tpot_s", "percentile")
+    @field_validator("ttft_s", "tpot_s", "percentile", "itl_s")
     @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
             raise ValueError("must be finite")
         return v
 

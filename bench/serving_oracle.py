@@ -1,0 +1,131 @@
+"""Closed form against the discrete-event simulation on the acceptance grid of the serving model.
+
+3 modes x 3 workloads x utilisation {0.3, 0.6, 0.8, 0.9} = 36 cases, one model per workload: a dense
+model for short chat, an MoE for long prompts and a sliding-window model for long outputs. The
+utilisation is the share of the closed form's capacity (the largest stable rate of one instance).
+For each case it prints p50 and p90 TTFT and TPOT from ``evaluate``'s closed form and from
+``calculator.serving.simulate`` (same step times), and the relative error.
+
+    python bench/serving_oracle.py [--requests 1500] [--markdown]
+
+``tests/test_serving_oracle.py`` asserts the acceptance bounds on the same grid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from calculator import load_model
+from calculator.serving import Deployment, Pool, Workload, analyse
+from calculator.serving.base import PoolModel
+from calculator.serving.simulate import run_deployment
+
+GPU = "h100-sxm"
+WORKLOADS = {
+    "chat": ("llama-3.1-8b", {"isl": {"mean": 600, "cv": 0.5}, "osl": {"mean": 250, "cv": 0.5}}),
+    "long prompt": ("qwen3-30b-a3b", {"isl": 6000, "osl": 150}),
+    "long output": ("mistral-7b", {"isl": 300, "osl": 1500}),
+}
+MODES = ("mixed", "chunked", "disaggregated")
+UTILISATIONS = (0.3, 0.6, 0.8, 0.9)
+
+
+@dataclass(frozen=True)
+class Case:
+    mode: str
+    workload: str
+    utilisation: float
+
+    @property
+    def model(self) -> str:
+        return WORKLOADS[self.workload][0]
+
+    def deployment(self) -> Deployment:
+        if self.mode == "disaggregated":
+            return Deployment(mode="disaggregated", prefill=Pool(gpu=GPU), decode=Pool(gpu=GPU))
+        return Deployment(mode=self.mode, pool=Pool(gpu=GPU))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Row:
+    case: Case
+    rate: float
+    closed: dict[str, float]  # ttft50, ttft90, tpot50, tpot90
+    simulated: dict[str, float]
+
+    def error(self, key: str) -> float:
+        return self.closed[key] / self.simulated[key] - 1
+
+
+METRICS = ("ttft50", "ttft90", "tpot50", "tpot90")
+
+
+def cases() -> list[Case]:
+    return [Case(m, w, u) for w in WORKLOADS for m in MODES for u in UTILISATIONS]
+
+
+def capacity(model, d: Deployment, w: Workload, pools) -> float:
+    """Largest rate the closed form calls stable (bisection on a geometric bracket)."""
+    lo, hi = 1e-3, 1.0
+    while bool(analyse(model, d, w.model_copy(update={"rate": hi}), np.array([hi]), 0.9, pools).stable[0]):
+        lo, hi = hi, hi * 2
+    for _ in range(40):
+        mid = (lo * hi) ** 0.5
+        ok = bool(analyse(model, d, w, np.array([mid]), 0.9, pools).stable[0])
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    return lo
+
+
+def run(case: Case, requests: int = 1500, seed: int = 0) -> Row:
+    m = load_model(case.model)
+    d = case.deployment()
+    w0 = Workload(rate=1.0, **WORKLOADS[case.workload][1])
+    pools = tuple(PoolModel.build(m, p, w0) for p in d.pools)
+    rate = case.utilisation * capacity(m, d, w0, pools)
+    w = w0.model_copy(update={"rate": rate})
+    closed = {}
+    for p in (50, 90):
+        a = analyse(m, d, w, np.array([rate]), p / 100, pools)
+        closed[f"ttft{p}"], closed[f"tpot{p}"] = float(a.ttft_p_s[0]), float(a.tpot_p_s[0])
+    trace = run_deployment(m, d, w, pools, requests, seed)
+    simulated = {"ttft50": trace.ttft_p(50), "ttft90": trace.ttft_p(90), "tpot50": trace.tpot_p(50),
+                 "tpot90": trace.tpot_p(90)}
+    return Row(case, rate, closed, simulated)
+
+
+def table(rows: list[Row]) -> str:
+    head = ("| mode | workload (model) | util | rate req/s | " +
+            " | ".join(f"{k} closed / sim (err)" for k in METRICS) + " |")
+    lines = [head, "|" + "---|" * (4 + len(METRICS))]
+    for r in rows:
+        cells = []
+        for k in METRICS:
+            scale, unit = (1.0, "s") if k.startswith("ttft") else (1e3, "ms")
+            cells.append(f"{r.closed[k] * scale:.3g} / {r.simulated[k] * scale:.3g} {unit} ({r.error(k):+.0%})")
+        lines.append(f"| {r.case.mode} | {r.case.workload} ({r.case.model}) | {r.case.utilisation:g} | "
+                     f"{r.rate:.3g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=1500)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    rows = [run(c, args.requests, args.seed) for c in cases()]
+    print(table(rows))
+    errs = np.array([[abs(r.error(k)) for k in METRICS] for r in rows])
+    low = np.array([r.case.utilisation <= 0.8 for r in rows])
+    print(f"\nworst |error| at utilisation <= 0.8: {errs[low].max():.1%}; at 0.9: {errs[~low].max():.1%}; "
+          f"median {np.median(errs):.1%}; {len(rows)} cases in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
