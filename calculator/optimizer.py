@@ -154,17 +154,31 @@ def _nodes(pool: Pool) -> int:
 CAPACITY_GRID_POINTS = 64
 
 
-def _largest_meeting(rates: np.ndarray, ok: np.ndarray) -> np.ndarray:
-    """Per row, the largest rate of the grid that meets the SLO (0 where none does)."""
+def _largest_meeting(rates: np.ndarray, ok: np.ndarray, margin: np.ndarray | None = None) -> np.ndarray:
+    """Per row, the largest rate that meets the SLO (0 where none does): the last grid rate that
+    meets it, refined towards the next grid rate where the SLO ``margin`` (``ModeArrays.margin``)
+    crosses zero (linear in log-rate), so a capacity is not quantised down by the grid's spacing."""
     ok = np.atleast_2d(ok)
     last = ok.shape[-1] - 1 - np.argmax(ok[..., ::-1], axis=-1)
-    return np.where(ok.any(axis=-1), rates[last], 0.0)
+    found = ok.any(axis=-1)
+    lo = np.where(found, rates[last], 0.0)
+    if margin is None:
+        return lo
+    margin = np.atleast_2d(margin)
+    nxt = np.minimum(last + 1, rates.size - 1)
+    m_lo = np.take_along_axis(margin, last[..., None], -1)[..., 0]
+    m_hi = np.take_along_axis(margin, nxt[..., None], -1)[..., 0]
+    with np.errstate(all="ignore"):
+        frac = np.where(np.isfinite(m_hi) & (m_lo > m_hi), m_lo / (m_lo - m_hi), 0.0)
+        refined = lo * (rates[nxt] / np.maximum(rates[last], 1e-300)) ** np.clip(frac, 0.0, 1.0)
+    return np.where(found & (last < rates.size - 1), refined, lo)
 
 
 def _capacity(model: ModelSpec, d: Deployment, w: Workload, slo: SLO, upper: float,
               pools: tuple[PoolModel, ...]) -> float:
     rates = rate_grid(upper, CAPACITY_GRID_POINTS)
-    return float(_largest_meeting(rates, analyse(model, d, w, rates, slo.p, pools).meets(slo))[0])
+    a = analyse(model, d, w, rates, slo.p, pools, slo.attainment == "joint")
+    return float(_largest_meeting(rates, a.meets(slo), a.margin(slo))[0])
 
 
 def _instances(rate: float, capacity: float) -> int:
@@ -183,7 +197,7 @@ def _with_instances(pool: Pool, n: int, whole_nodes: bool) -> Pool:
 def _candidate(model: ModelSpec, d: Deployment, w: Workload, slo: SLO, capacity: float,
                pools: tuple[PoolModel, ...], whole_nodes: bool = False) -> Candidate | None:
     """The deployment as a candidate if it meets the SLO at the workload's rate, else None."""
-    a = analyse(model, d, w, np.array([w.rate]), slo.p, pools)
+    a = analyse(model, d, w, np.array([w.rate]), slo.p, pools, slo.attainment == "joint")
     return _candidate_from(d, a, 0, w, slo, capacity, pools, whole_nodes) if bool(a.meets(slo)[0]) else None
 
 
@@ -209,6 +223,7 @@ def _candidate_from(d: Deployment, a: ModeArrays, i, w: Workload, slo: SLO, capa
     cost = sum(pm.gpu.price_usd_per_hour * (_nodes(pool) * NODE_GPUS if whole_nodes else pool.num_gpus)
                for pm, pool in zip(pools, d.pools))
     tokens_per_s = w.rate * w.osl.mean
+    capacity = max(capacity, w.rate)  # it meets the SLO at the rate: the refined grid may sit just below it
     return Candidate(
         mode=d.mode, deployment=d, num_gpus=gpus, nodes=sum(_nodes(p) for p in d.pools), cost_per_hour=cost,
         cost_per_million_tokens=cost / (tokens_per_s * 3600) * 1e6, ttft_p_s=ttft_p, tpot_p_s=tpot_p,
@@ -263,23 +278,24 @@ def _single_pool_candidates(m: ModelSpec, s: _Single, w: Workload, slo: SLO, mod
     service = PrefillService.of(s.pm, w, slo.p)
     rates = rate_grid(1.0 / service.mean_s, CAPACITY_GRID_POINTS)
     one = s.pm.pool.model_copy(update={"instances": 1})
+    joint = slo.attainment == "joint"
     out: list[Candidate] = []
     searched = 0
     groups: list[tuple[list[Deployment], np.ndarray, object]] = []
     if "mixed" in modes:
         d = Deployment(mode="mixed", pool=one)
-        grid = analyse(m, d, w, rates, slo.p, (s.pm,))
-        caps = _largest_meeting(rates, grid.meets(slo))
+        grid = analyse(m, d, w, rates, slo.p, (s.pm,), joint)
+        caps = _largest_meeting(rates, grid.meets(slo), grid.margin(slo))
         points.extend(_grid_points([d], rates, grid, slo, w))
-        groups.append(([d], caps, lambda r: analyse(m, d, w, r[0], slo.p, (s.pm,))))
+        groups.append(([d], caps, lambda r, d=d: analyse(m, d, w, r[0], slo.p, (s.pm,), joint)))
     if "chunked" in modes:
         budget.check()
         with np.errstate(all="ignore"):
-            grid = chunked.analyse_budgets(s.pm, w, rates, slo.p, chunks, 1)
-        caps = _largest_meeting(rates, grid.meets(slo))
+            grid = chunked.analyse_budgets(s.pm, w, rates, slo.p, chunks, 1, joint=joint)
+        caps = _largest_meeting(rates, grid.meets(slo), grid.margin(slo))
         protos = [Deployment(mode="chunked", pool=one, chunk_tokens=int(c)) for c in chunks]
         points.extend(_grid_points(protos, rates, grid, slo, w))
-        groups.append((protos, caps, lambda r: chunked.analyse_budgets(s.pm, w, r, slo.p, chunks, 1)))
+        groups.append((protos, caps, lambda r: chunked.analyse_budgets(s.pm, w, r, slo.p, chunks, 1, joint=joint)))
     for protos, caps, evaluate_at in groups:
         budget.check()
         searched += len(protos)

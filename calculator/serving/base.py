@@ -356,7 +356,7 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
     An arrival finds a prompt step running with probability P_w (it then waits as in M/G/1: an
     exponential time of mean W_q / P_w), else a decode step of ``step_s``, whose rest it waits out
     (uniform). So P(wait > x) = (1 - P_w) max(0, 1 - x / t_d) + P_w exp(-x P_w / W_q), solved for
-    the p-quantile by bisection. ``batched`` (a bool array): prompts that queued are served in one
+    the p-quantile (closed form beyond one decode step, Newton's method within it). ``batched`` (a bool array): prompts that queued are served in one
     step with those that arrived while they waited, which stretches a waiting prompt's time by
     (1 + rho) on average. ``busy_s``: how long one prompt keeps the queue busy when that exceeds its
     work (chunked: a prompt's last, part-filled step), which sets P_w = lambda busy_s.
@@ -373,15 +373,17 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
         ok = ok & (pw < 1)
     t_d = np.maximum(np.asarray(step_s, dtype=float), 1e-12)
 
-    def tail(x: np.ndarray) -> np.ndarray:
-        return (1 - pw) * np.maximum(0.0, 1 - x / t_d) + pw * np.exp(-x / theta)
-
-    hi = t_d + theta * np.log(np.maximum(pw / (1 - p), 1.0)) + 1e-12
-    lo = np.zeros_like(hi)
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        above = tail(mid) > 1 - p
-        lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
+    # beyond one decode step only the exponential part is left: closed form
+    x = theta * np.log(np.maximum(pw / (1 - p), 1.0))
+    inside = x < t_d
+    if np.any(inside):  # within a decode step: Newton from 0 (the tail is convex and decreasing)
+        y = np.zeros_like(x)
+        for _ in range(NEWTON_STEPS):
+            g = (1 - pw) * np.maximum(0.0, 1 - y / t_d) + pw * np.exp(-y / theta) - (1 - p)
+            dg = -(1 - pw) / t_d - pw / theta * np.exp(-y / theta)
+            y = np.clip(y - g / dg, 0.0, t_d)
+        x = np.where(inside, y, x)
+    hi = x
     mean = (1 - pw) * t_d / 2 + wq
     return np.where(ok, mean, np.inf), np.where(ok, hi, np.inf)
 
@@ -470,6 +472,8 @@ def admission_wait(lam, batch, limit: float, life_s, life_cs2: float, p: float) 
     return wq, wp
 
 
+NEWTON_STEPS = 6
+"""Newton steps for a wait quantile within one decode step (the tail is convex: they converge from 0)."""
 ATTAINMENT_LEVELS = np.array([0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999])
 """Percentile levels at which the TTFT distribution is tabulated for joint attainment."""
 
@@ -490,6 +494,20 @@ class ModeArrays:
     tpot_var_s2: np.ndarray  # variance of a request's TPOT (lognormal)
     itl_p_s: np.ndarray  # p-quantile of every inter-token gap
     ttft_levels_s: np.ndarray | None = None  # TTFT at ATTAINMENT_LEVELS (levels x rates), joint SLOs only
+
+    def margin(self, slo: SLO) -> np.ndarray:
+        """How far inside the SLO each rate is: the smallest of 1 - metric / target over the SLO's
+        metrics and 1 - utilisation (negative outside; -inf where unstable). A capacity search
+        interpolates its zero between two grid rates."""
+        parts = [1 - self.utilisation, 1 - self.ttft_p_s / slo.ttft_s]
+        if slo.itl_s is not None:
+            parts.append(1 - self.itl_p_s / slo.itl_s)
+        if slo.attainment == "joint":
+            parts.append(self.attainment(slo) - slo.p)
+        else:
+            parts.append(1 - self.tpot_p_s / slo.tpot_s)
+        m = np.min(np.stack(np.broadcast_arrays(*parts)), axis=0)
+        return np.where(self.stable & np.isfinite(m), m, -np.inf)
 
     def meets(self, slo: SLO) -> np.ndarray:
         ok = self.stable & (self.ttft_p_s <= slo.ttft_s)

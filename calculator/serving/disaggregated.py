@@ -68,8 +68,13 @@ def prefill_batch(pre: PoolModel, w: Workload, lam_server, budget_tokens: int) -
     s1 = PrefillService.of(pre, w, 0.5).mean_s
     most = max(1.0, math.floor(budget_tokens / w.isl.mean))
     b = np.clip(np.asarray(lam_server, dtype=float) * s1, 1.0, most)
-    cached = w.isl.mean * w.prefix_hit
-    return b, np.asarray(pre.prefill_s(w.isl.mean - cached, cached, b), dtype=float)
+    key = ("prefill_batch", w.isl.mean, w.prefix_hit, most)
+    if key not in pre._cache:  # the step time over a geometric grid of batch sizes (piecewise linear)
+        grid = np.unique(np.geomspace(1.0, most, 24)) if most > 1 else np.array([1.0, 1.0 + 1e-9])
+        cached = w.isl.mean * w.prefix_hit
+        pre._cache[key] = (grid, np.asarray(pre.prefill_s(w.isl.mean - cached, cached, grid), dtype=float))
+    grid, table = pre._cache[key]
+    return b, np.interp(b, grid, table)
 
 
 def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
