@@ -106,6 +106,10 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "B": ("B", "mean sequences decoding at once", "sequences"),
     "V_T": ("V_{T}", "variance of a request's TPOT", "s^2"),
     "z": ("z", "standard normal quantile of the percentile", "1"),
+    "rho_b": ("\\rho_{b}", "share of time the prompt queue is busy (steps that carry prompt work)", "1"),
+    "t_b": ("t_{b}", "mean duration of a step that carries prompt work", "s"),
+    "S_w": ("S_{w}", "time one prompt keeps the prompt queue busy", "s"),
+    "Delta_B": ("\\Delta B", "rise of the decode batch while prompts are queued", "sequences"),
 }
 
 
@@ -830,6 +834,38 @@ tpot_batch_variance = Formula(
 )
 
 
+def _busy_batch_rise(S_w: Any, c_s2: Any, lambda_: Any, rho_b: Any) -> Any:
+    return (1/2)*S_w*lambda_*(c_s2 + 1)/(1 - rho_b)**2
+
+
+busy_batch_rise = Formula(
+    name="busy_batch_rise",
+    section="queueing and serving",
+    unit="sequences",
+    doc="How much higher the decode batch runs while prompts are queued: the length-biased M/G/1 busy period E[S^2] / (E[S] (1 - rho)^2) times lambda, halved (the batch grows through it, as prompts finish and lifetimes stretch).",
+    args=("S_w", "c_s2", "lambda", "rho_b"),
+    latex="\\frac{S_{w} \\lambda \\left(c^{2}_{s} + 1\\right)}{2 \\left(1 - \\rho_{b}\\right)^{2}}",
+    fn=_busy_batch_rise,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _token_weighted_tpot(B: Any, Delta_B: Any, rho_b: Any, t_b: Any, t_d: Any) -> Any:
+    return B/(rho_b*(B + Delta_B*(1 - rho_b))/t_b + (1 - rho_b)*(B - Delta_B*rho_b)/t_d)
+
+
+token_weighted_tpot = Formula(
+    name="token_weighted_tpot",
+    section="queueing and serving",
+    unit="s",
+    doc="Mean TPOT as a request sees it: the batch B over the tokens emitted per second, in busy steps (share rho_b, duration t_b, batch B + (1 - rho_b) Delta B) and plain decode steps (t_d, batch B - rho_b Delta B). With Delta B = 0 it is t_d / (1 - rho_x); the correlation of long steps with a large batch raises it.",
+    args=("B", "Delta_B", "rho_b", "t_b", "t_d"),
+    latex="\\frac{B}{\\frac{\\rho_{b} \\left(B + \\Delta B \\left(1 - \\rho_{b}\\right)\\right)}{t_{b}} + \\frac{\\left(1 - \\rho_{b}\\right) \\left(B - \\Delta B \\rho_{b}\\right)}{t_{d}}}",
+    fn=_token_weighted_tpot,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
 def _lognormal_quantile(TPOT: Any, V_T: Any, z: Any) -> Any:
     return TPOT*numpy.exp(z*numpy.sqrt(numpy.log(1 + V_T/TPOT**2)))/numpy.sqrt(1 + V_T/TPOT**2)
 
@@ -906,6 +942,8 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     littles_law_batch,
     tpot_stall_variance,
     tpot_batch_variance,
+    busy_batch_rise,
+    token_weighted_tpot,
     lognormal_quantile,
     kv_transfer_time,
 )}

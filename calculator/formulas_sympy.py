@@ -427,6 +427,26 @@ tpot_batch_variance = _formula(
     "Variance of a request's TPOT from the decode batch it shares: the batch is Poisson (continuous batching "
     "is an M/G/infinity queue), and its average over one lifetime keeps 2/3 of the variance.",
 )
+rho_b = _sym("rho_b", "share of time the prompt queue is busy (steps that carry prompt work)", "1", r"\rho_{b}")
+t_b = _sym("t_b", "mean duration of a step that carries prompt work", "s", "t_{b}")
+S_w = _sym("S_w", "time one prompt keeps the prompt queue busy", "s", "S_{w}")
+busy_batch_rise = _formula(
+    "busy_batch_rise",
+    lam * S_w * (1 + cs2) / (1 - rho_b) ** 2 / 2,
+    "sequences",
+    "How much higher the decode batch runs while prompts are queued: the length-biased M/G/1 busy "
+    "period E[S^2] / (E[S] (1 - rho)^2) times lambda, halved (the batch grows through it, as prompts "
+    "finish and lifetimes stretch).",
+)
+dB_sym = _sym("Delta_B", "rise of the decode batch while prompts are queued", "sequences", r"\Delta B")
+token_weighted_tpot = _formula(
+    "token_weighted_tpot",
+    B_sym / (rho_b * (B_sym + (1 - rho_b) * dB_sym) / t_b + (1 - rho_b) * (B_sym - rho_b * dB_sym) / t_d),
+    "s",
+    "Mean TPOT as a request sees it: the batch B over the tokens emitted per second, in busy steps (share "
+    "rho_b, duration t_b, batch B + (1 - rho_b) Delta B) and plain decode steps (t_d, batch B - rho_b Delta B). "
+    "With Delta B = 0 it is t_d / (1 - rho_x); the correlation of long steps with a large batch raises it.",
+)
 lognormal_quantile = _formula(
     "lognormal_quantile",
     tpot_sym * sp.exp(z_q * sp.sqrt(sp.log(1 + var_sym / tpot_sym**2)) - sp.log(1 + var_sym / tpot_sym**2) / 2),

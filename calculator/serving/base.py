@@ -372,7 +372,15 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
         pw = np.clip(rate * busy_s, pw, 1.0)
         ok = ok & (pw < 1)
     t_d = np.maximum(np.asarray(step_s, dtype=float), 1e-12)
+    mean = (1 - pw) * t_d / 2 + wq
+    return np.where(ok, mean, np.inf), np.where(ok, mixture_quantile(pw, theta, t_d, p), np.inf)
 
+
+def mixture_quantile(pw, theta, t_d, p: float) -> np.ndarray:
+    """p-quantile of a wait that is exponential (mean ``theta``) with probability ``pw`` and else
+    uniform over one decode step ``t_d``: P(W > x) = (1 - pw) max(0, 1 - x / t_d) + pw exp(-x / theta)."""
+    pw, theta, t_d = (np.asarray(a, dtype=float) for a in (pw, theta, t_d))
+    theta = np.maximum(theta, 1e-12)
     # beyond one decode step only the exponential part is left: closed form
     x = theta * np.log(np.maximum(pw / (1 - p), 1.0))
     inside = x < t_d
@@ -383,9 +391,7 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
             dg = -(1 - pw) / t_d - pw / theta * np.exp(-y / theta)
             y = np.clip(y - g / dg, 0.0, t_d)
         x = np.where(inside, y, x)
-    hi = x
-    mean = (1 - pw) * t_d / 2 + wq
-    return np.where(ok, mean, np.inf), np.where(ok, hi, np.inf)
+    return x
 
 
 def decode_fixed_point(pm: PoolModel, context: float, rate, osl_mean: float, inflation, limit: float

@@ -20,6 +20,8 @@ import numpy as np
 
 from hardware_db.schema import ModelSpec
 
+from .. import formulas as f
+
 from .base import (
     ATTAINMENT_LEVELS,
     Deployment,
@@ -30,6 +32,7 @@ from .base import (
     first_root,
     interp_rows,
     admission_wait,
+    mixture_quantile,
     step_wait,
     tpot_tail,
     z_score,
@@ -79,37 +82,64 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     tab = pm.chunked_tables(ctx, grid_limit, limits, pieces, (isl_new, isl_q_new), cached)
     grid = tab["grid"]
 
-    # TPOT(B) = t_d / (1 - lambda (S - k t_d)) on the grid, then the least root of B = lambda osl TPOT(B)
+    # TPOT(B) on the grid (``busy_tpot``), then the least root of B = lambda osl TPOT(B)
     lam3 = lam[..., None]
-    extra = (tab["prefill_0"] - tab["iters_0"] * tab["decode_only"])[:, None, :]
-    share = lam3 * extra
-    tpot_grid = np.where(share < 1, tab["decode_only"][:, None, :] / np.maximum(1 - share, 1e-12), np.inf)
+    cv2 = w.isl.cv**2
+    t_d_g, s_g, k_g = (tab[k][:, None, :] for k in ("decode_only", "prefill_0", "iters_0"))
+    room_g = np.maximum(pieces[:, None, None] - grid[None, None, :], 1.0)
+    work_g, t_b_g = _busy_steps(whole_prompts, isl_new, room_g, s_g, tab["full"][:, None, :])
+    tpot_grid = busy_tpot(lam3, grid[None, None, :], t_d_g, lam3 * (s_g - k_g * t_d_g), work_g, t_b_g, cv2)
     batch = first_root(grid, grid[None, None, :] - lam3 * w.osl.mean * tpot_grid)
     b_cap = np.minimum(batch, limit)
 
     at = GridLookup(grid, b_cap)
     t_d, s_mean, k_mean, s_q = at(tab["decode_only"]), at(tab["prefill_0"]), at(tab["iters_0"]), at(tab["prefill_1"])
+    t_full = at(tab["full"])
     x_mean = s_mean - k_mean * t_d  # what one prompt adds to every running decode's lifetime
     rho_x = lam * x_mean
-    tpot = t_d / np.maximum(1 - rho_x, 1e-12)
-    slope = interp_rows(grid, tab["decode_only"], b_cap + 1) - t_d
     room = np.maximum(pieces[:, None] - b_cap, 1.0)
-    fits_whole = isl_new < room  # the prompt fits one step: steps batch whole prompts, as when chunking is off
+    work_s, t_b = _busy_steps(whole_prompts, isl_new, room, s_mean, t_full)
+    tpot = busy_tpot(lam, b_cap, t_d, rho_x, work_s, t_b, cv2)
+    slope = interp_rows(grid, tab["decode_only"], b_cap + 1) - t_d
+    fits_whole = 2 * isl_new <= room  # two prompts fit one step: steps batch whole prompts, as with chunking off
     if whole_prompts:  # one step per prompt; prompts that queued share a step when the budget holds two
-        piece_s, pieces, s_queued, s_queued_q, work_s = s_mean, np.ones_like(s_mean), s_mean, s_q, s_mean
+        piece_s, pieces, s_queued, s_queued_q = s_mean, np.ones_like(s_mean), s_mean, s_q
         batched = np.broadcast_to((chunks >= 2 * w.isl.mean)[:, None], s_mean.shape)
     else:  # C - B tokens a step; a prompt that queued starts in its predecessor's last step (half a step on average)
-        t_full = at(tab["full"])
         pieces = isl_new / room
-        piece_s, batched = np.where(fits_whole, s_mean, t_full), fits_whole
+        piece_s, batched = t_b, fits_whole
         s_queued = np.where(fits_whole, s_mean, (pieces + 0.5) * t_full)
         s_queued_q = np.where(fits_whole, s_q, (isl_q_new / room + 0.5) * t_full)
-        work_s = np.where(fits_whole, s_mean, pieces * t_full)
     return single_pool_arrays(pm, w, lam, p, batch, limit, t_d, tpot, rho_x, lam * work_s, x_mean, work_s, s_mean,
                               s_q, slope, piece_s=piece_s, queued_s=None if whole_prompts else (s_queued, s_queued_q),
-                              shared_steps=np.broadcast_to(batched, s_mean.shape), stall_gap_share=lam * pieces * tpot, batched=batched,
+                              shared_steps=np.broadcast_to(batched, s_mean.shape),
+                              per_step=np.floor(np.maximum(chunks[:, None] - b_cap, 1.0) / max(isl_new, 1.0)),
+                              stall_gap_share=lam * pieces * tpot, batched=batched,
                               interference="prefill interference" if whole_prompts else "prefill chunks", joint=joint,
                               prompt_s=lambda q: s_mean * _prefill_ratio(pm, w, q))
+
+
+def _busy_steps(whole_prompts: bool, isl_new: float, room, s, t_full) -> tuple[np.ndarray, np.ndarray]:
+    """(time one prompt keeps the prompt queue busy, duration of a busy step), s. Whole prompts (or
+    chunked prompts short enough that two share a step) take their own step S; longer chunked prompts
+    fill full steps of C - B tokens, n / (C - B) of them."""
+    if whole_prompts:
+        return s, s
+    fits = 2 * isl_new <= room
+    return np.where(fits, s, isl_new / room * t_full), np.where(fits, s, t_full)
+
+
+def busy_tpot(lam, batch, t_d, rho_x, work_s, t_b, cv2: float) -> np.ndarray:
+    """Mean TPOT as requests see it (``token_weighted_tpot``): the prompt queue is busy a share
+    rho_b = lambda S_w of the time, and while it is the batch runs ``busy_batch_rise`` higher; inf
+    where the prompts or their stalls saturate the instance."""
+    rho_b = lam * work_s
+    ok = (rho_b < 1) & (rho_x < 1)
+    rho_b = np.where(ok, rho_b, 0.0)
+    rise = f.busy_batch_rise(**{"lambda": lam, "S_w": work_s, "c_s2": cv2, "rho_b": rho_b})
+    rise = np.minimum(np.where(ok, rise, 0.0), batch)
+    tpot = f.token_weighted_tpot(B=np.maximum(batch, 1e-9), Delta_B=rise, rho_b=rho_b, t_b=t_b, t_d=t_d)
+    return np.where(ok, tpot, np.inf)
 
 
 def _prefill_ratio(pm: PoolModel, w: Workload, q: float) -> float:
@@ -119,7 +149,7 @@ def _prefill_ratio(pm: PoolModel, w: Workload, q: float) -> float:
 
 def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, t_d, tpot, rho_x, rho_prefill, x_mean,
                        work_s, s_mean, s_q, slope, piece_s, stall_gap_share, batched, interference: str, joint: bool,
-                       prompt_s, queued_s=None, shared_steps=None) -> ModeArrays:
+                       prompt_s, queued_s=None, shared_steps=None, per_step=None) -> ModeArrays:
     """Tails, waits, utilisation and the binding resource of one instance that runs prompts and decodes.
 
     ``x_mean``: time one prompt adds to every running decode; ``work_s``: the time a prompt holds the
@@ -129,7 +159,9 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     queued prompts share a step; ``queued_s``: (mean, p-quantile) of a prompt's own time when it
     queued, where that differs (chunked: it starts in its predecessor's last step); ``shared_steps``
     (bool array): whole prompts ride in the decodes' steps, so a prompt waits only for the step in
-    progress and then runs in the next one with every prompt that arrived meanwhile (``_step_ttft``).
+    progress and then runs in the next one with every prompt that arrived meanwhile (``_step_ttft``),
+    as long as a prompt step's arrivals fill at most half of the ``per_step`` prompts the token
+    budget holds (beyond that the prompts queue: the M/G/1 form).
     """
     stable_decode = np.isfinite(batch) & (batch < limit) & (rho_prefill < 1) & (rho_x < 1)
     b_cap = np.minimum(batch, limit)
@@ -142,16 +174,18 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     service = PrefillService(work_s, work_s**2 * (1 + cv2), s_q)  # type: ignore[arg-type]
     busy = None if queued_s is None else s_mean
     wq, wp = step_wait(lam, service, t_d, p, batched, busy)
-    aq, ap = admission_wait(lam, batch, limit, life + s_mean, w.osl.cv**2, p)
     own_mean, own_p = s_mean, s_q
     if queued_s is not None:
         pw = np.clip(lam * s_mean, 0.0, 1.0)
         own_mean = (1 - pw) * s_mean + pw * queued_s[0]
         own_p = np.where(pw > 1 - p, np.maximum(s_q, queued_s[1]), s_q)
+    hold = life + own_mean  # a slot is held from the prompt's first step to its last token
+    aq, ap = admission_wait(lam, batch, limit, hold, w.osl.cv**2, p)
     ttft_mean = wq + aq + own_mean
     ttft_p = wp + ap + own_p
-    if shared_steps is not None:  # the step model where prompts are short next to a decode step
-        shared_steps = shared_steps & (x_mean < t_d)
+    if shared_steps is not None:
+        prompt_step = t_d + x_mean * (1 + lam * tpot)
+        shared_steps = shared_steps & (lam * prompt_step <= per_step / 2)
         step_mean, step_p = _step_ttft(lam, t_d, tpot, x_mean, cv2, rho_x, p, x_q=x_mean * _scale(pm, w, p))
         ttft_mean = np.where(shared_steps, step_mean + aq, ttft_mean)
         ttft_p = np.where(shared_steps, step_p + ap, ttft_p)
@@ -160,7 +194,7 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
         rows = []
         for q in ATTAINMENT_LEVELS:
             _, wq_q = step_wait(lam, service, t_d, float(q), batched, busy)
-            _, ap_q = admission_wait(lam, batch, limit, life + s_mean, w.osl.cv**2, float(q))
+            _, ap_q = admission_wait(lam, batch, limit, hold, w.osl.cv**2, float(q))
             row = wq_q + ap_q + prompt_s(float(q))
             if shared_steps is not None:
                 step_q = _step_ttft(lam, t_d, tpot, x_mean, cv2, rho_x, float(q), x_mean * _scale(pm, w, float(q)))[1]
@@ -196,19 +230,29 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
 
 
 def _step_ttft(lam, t_d, tpot, x_mean, x_cv2: float, rho_x, p: float, x_q) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, p-quantile) of TTFT when whole prompts join the decodes' steps.
+    """(mean, p-quantile) of TTFT when whole prompts join the decodes' steps (bulk service).
 
-    Steps follow one another: a step lasts t_d plus x for each prompt in it, and holds the prompts
-    that arrived during the step before, so its mean is TPOT = t_d / (1 - rho_x) and its variance
-    lambda TPOT E[x^2] / (1 - rho_x^2). A prompt arrives in a length-biased step T (mean
-    E[T^2] / E[T]), waits out a uniform share U of it, then runs in the next step with the rho_x T
-    of prompts that arrived meanwhile: TTFT = (U + rho_x) T + t_d + x. The quantile takes U and T at
-    the percentile together (conservative).
+    A step lasts t_d plus x per prompt in it and takes every prompt that arrived during the step
+    before, so there is no queue beyond one step: steps just lengthen (mean TPOT = t_d / (1 - rho_x)).
+    A prompt step holds K = 1 + lambda TPOT prompts on average and lasts T_p = t_d + x K; prompt
+    steps take the share pi = lambda T_p / K of the time. An arrival finds a decode step (prob.
+    1 - pi) and waits a uniform part of t_d, or a prompt step and waits its length-biased residual
+    (taken as exponential). Its own step then holds every prompt that arrived during the step it
+    found: t_d + x (1 + lambda T), T = t_d or the length-biased T_lb (the prompts that arrived in it
+    before this one shift both branches by their pi-weighted mean; those after it stretch the
+    exponential residual).
     """
-    var = np.where(rho_x < 1, lam * tpot * x_mean**2 * (1 + x_cv2) / np.maximum(1 - rho_x**2, 1e-9), np.inf)
-    lb_mean = tpot + var / np.maximum(tpot, 1e-12)
-    lb_q = lb_mean + z_score(p) * np.sqrt(var)
-    return lb_mean * (0.5 + rho_x) + t_d + x_mean, lb_q * (p + rho_x) + t_d + x_q
+    k = 1 + lam * tpot
+    t_p = t_d + x_mean * k
+    var_p = x_mean**2 * (lam * tpot * (1 + x_cv2) + x_cv2)
+    t_lb = t_p + var_p / np.maximum(t_p, 1e-12)
+    pi = np.clip(lam * t_p / k, 0.0, 0.999)
+    theta = t_lb / 2 * (1 + lam * x_mean)
+    ok = rho_x < 1
+    own = t_d + lam * x_mean * ((1 - pi) * t_d + pi * t_lb / 2)
+    mean = (1 - pi) * t_d / 2 + pi * theta + own + x_mean
+    q = mixture_quantile(pi, theta, t_d, p) + own + x_q
+    return np.where(ok, mean, np.inf), np.where(ok, q, np.inf)
 
 
 def _scale(pm: PoolModel, w: Workload, q) -> np.ndarray:

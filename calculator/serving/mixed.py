@@ -11,6 +11,8 @@ decode waits it out, so a prompt stalls the decodes by its whole prefill time s_
 with arrival rate lambda:
   rho_p = lambda E[s_p]                                  (time share of prefills)
   TPOT  = t_d(B) / (1 - rho_p),  B = lambda osl TPOT     (Little's law; least fixed point)
+as a time average; a request sees more, because the batch runs higher while prompts queue
+(``chunked.busy_tpot``: ``token_weighted_tpot`` with ``busy_batch_rise``; both policies).
   TTFT  = W_q(M/G/1, lambda, s_p) + W_slot + (1 - rho_p) t_d / 2 + s_p
 Both policies take their TPOT tail from ``base.tpot_tail`` (compound-Poisson stalls in a request's
 lifetime, amplified by 1 / (1 - rho), and the batch's spread), and their ITL from the share of
@@ -24,8 +26,8 @@ import numpy as np
 from hardware_db.schema import ModelSpec
 
 from .. import formulas as f
-from .base import Deployment, ModeArrays, PoolModel, PrefillService, decode_fixed_point, decode_step_at
-from .chunked import analyse_budgets, first_row, single_pool_arrays
+from .base import Deployment, ModeArrays, PoolModel, PrefillService, decode_step_at, first_root
+from .chunked import analyse_budgets, busy_tpot, first_row, single_pool_arrays
 from .workload import Workload
 
 
@@ -48,11 +50,15 @@ def prefill_first(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float, 
     rho_p = lam * sp_.mean_s
     ctx = w.isl.mean + (w.osl.mean + 1) / 2
     limit = pm.batch_limit(w)
-    inflation = np.where(rho_p < 1, 1.0 / np.maximum(1e-12, 1 - rho_p), np.inf)
-    batch, _ = decode_fixed_point(pm, ctx, lam, w.osl.mean, inflation, limit)
+    # prompt steps emit no decode tokens (t_b = inf): TPOT(B) = busy_tpot on the decode table
+    grid, table = pm.decode_table(ctx, limit)
+    cv2 = sp_.cs2
+    lam2 = lam[:, None]
+    tpot_grid = busy_tpot(lam2, grid[None, :], table[None, :], lam2 * sp_.mean_s, sp_.mean_s, np.inf, cv2)
+    batch = first_root(grid, grid[None, :] - lam2 * w.osl.mean * tpot_grid)
     b_cap = np.minimum(batch, limit)
     t_d = decode_step_at(pm, ctx, limit, b_cap)
-    tpot = t_d * inflation
+    tpot = busy_tpot(lam, b_cap, t_d, rho_p, sp_.mean_s, np.inf, cv2)
     slope = decode_step_at(pm, ctx, limit, b_cap + 1) - t_d
     a = single_pool_arrays(
         pm, w, lam[None], p, batch[None], np.array([[limit]]), t_d[None], tpot[None], rho_p[None], rho_p[None],
