@@ -240,7 +240,8 @@ class PoolModel:
                 tokens.append(n - (k - 1) * room)
                 prefixes.append(prompt_cached + (k - 1) * room)
             times = np.asarray(self.hybrid_s(B[None], context, np.stack(tokens), np.stack(prefixes)), dtype=float)
-            rows["full"], rows["decode_only"] = times[0], times[1]
+            rows["full"] = times[0]
+            rows["decode_only"] = np.asarray(self.decode_s(B, context), dtype=float)  # no prompt: a plain decode step
             for i, k in enumerate(n_chunks):
                 rows[f"prefill_{i}"] = (k - 1) * times[0] + times[2 + i]
             for j, i in enumerate(missing):
@@ -394,15 +395,28 @@ def mixture_quantile(pw, theta, t_d, p: float) -> np.ndarray:
     return x
 
 
+def seen(grid: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """The step time a decoding request sees at a mean batch B: t_d(B + 1), since it decodes with
+    itself plus the others, and the others of an M/G/infinity batch are Poisson with mean B (the
+    size-biased batch). Matters at small batches, where one sequence more is a large share (an
+    MoE at B = 1.5 touches twice the experts of B = 1)."""
+    table = np.asarray(table, dtype=float)
+    if table.ndim == 1:
+        return np.interp(grid + 1, grid, table)
+    return np.stack([np.interp(grid + 1, grid, row) for row in table])
+
+
 def decode_fixed_point(pm: PoolModel, context: float, rate, osl_mean: float, inflation, limit: float
                        ) -> tuple[np.ndarray, np.ndarray]:
-    """Solve B = rate * osl * TPOT(B), TPOT(B) = t_d(B) * inflation (Little's law): the least root.
+    """Solve B = rate * osl * TPOT(B), TPOT(B) = t_d(B + 1) * inflation (Little's law; ``seen``): the
+    least root.
 
     Returns (B, TPOT); TPOT is inf where B would pass ``limit`` (KV memory or the batch cap) or no
     root exists (the decode cannot keep up: unstable).
     """
     rate = np.asarray(rate, dtype=float)
     grid, table = pm.decode_table(context, limit)
+    table = seen(grid, table)
     k = np.asarray(f.littles_law_batch({"lambda": rate, "n_out": osl_mean, "TPOT": inflation}), dtype=float)
     batch = least_fixed_point(grid, table, np.broadcast_to(k, rate.shape).reshape(-1))[0].reshape(rate.shape)
     t_d = interp_rows(grid, table, np.minimum(batch, limit).reshape(-1))[0].reshape(rate.shape)

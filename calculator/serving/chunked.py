@@ -33,6 +33,7 @@ from .base import (
     interp_rows,
     admission_wait,
     mixture_quantile,
+    seen,
     step_wait,
     tpot_tail,
     z_score,
@@ -88,7 +89,8 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     t_d_g, s_g, k_g = (tab[k][:, None, :] for k in ("decode_only", "prefill_0", "iters_0"))
     room_g = np.maximum(pieces[:, None, None] - grid[None, None, :], 1.0)
     work_g, t_b_g = _busy_steps(whole_prompts, isl_new, room_g, s_g, tab["full"][:, None, :])
-    tpot_grid = busy_tpot(lam3, grid[None, None, :], t_d_g, lam3 * (s_g - k_g * t_d_g), work_g, t_b_g, cv2)
+    seen_g = seen(grid, tab["decode_only"])[:, None, :]  # the step a decoding request sees: t_d(B + 1)
+    tpot_grid = busy_tpot(lam3, grid[None, None, :], seen_g, lam3 * (s_g - k_g * t_d_g), work_g, t_b_g, cv2)
     batch = first_root(grid, grid[None, None, :] - lam3 * w.osl.mean * tpot_grid)
     b_cap = np.minimum(batch, limit)
 
@@ -99,8 +101,8 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     rho_x = lam * x_mean
     room = np.maximum(pieces[:, None] - b_cap, 1.0)
     work_s, t_b = _busy_steps(whole_prompts, isl_new, room, s_mean, t_full)
-    tpot = busy_tpot(lam, b_cap, t_d, rho_x, work_s, t_b, cv2)
     slope = interp_rows(grid, tab["decode_only"], b_cap + 1) - t_d
+    tpot = busy_tpot(lam, b_cap, t_d + slope, rho_x, work_s, t_b, cv2)
     fits_whole = 2 * isl_new <= room  # two prompts fit one step: steps batch whole prompts, as with chunking off
     if whole_prompts:  # one step per prompt; prompts that queued share a step when the budget holds two
         piece_s, pieces, s_queued, s_queued_q = s_mean, np.ones_like(s_mean), s_mean, s_q

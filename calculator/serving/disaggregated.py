@@ -97,7 +97,7 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
     b_cap = np.minimum(batch, limit)
     t_d = decode_step_at(dec, ctx, limit, b_cap)
     slope = decode_step_at(dec, ctx, limit, b_cap + 1) - t_d
-    tpot = t_d
+    tpot = t_d + slope  # the step a request sees: t_d(B + 1) (``base.seen``)
     tpot_var, tpot_p = tpot_tail(tpot, np.zeros_like(lam), lam_d, np.zeros_like(lam), 0.0, w, slope, b_cap, p)
     life = w.osl.mean * tpot
     aq, ap = admission_wait(lam_d, batch, limit, life, w.osl.cv**2, p)
