@@ -377,6 +377,15 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
     return np.where(ok, mean, np.inf), np.where(ok, mixture_quantile(pw, theta, t_d, p), np.inf)
 
 
+def excess_sum(e1, e2) -> np.ndarray:
+    """Excess over the mean of the sum of two independent parts at a percentile, given each part's
+    excess at that percentile: in quadrature when both are above their means (a long wait and a
+    long prompt rarely coincide), else their plain sum."""
+    e1, e2 = np.asarray(e1, dtype=float), np.asarray(e2, dtype=float)
+    with np.errstate(invalid="ignore"):
+        return np.where((e1 > 0) & (e2 > 0), np.hypot(e1, e2), e1 + e2)
+
+
 def mixture_quantile(pw, theta, t_d, p: float) -> np.ndarray:
     """p-quantile of a wait that is exponential (mean ``theta``) with probability ``pw`` and else
     uniform over one decode step ``t_d``: P(W > x) = (1 - pw) max(0, 1 - x / t_d) + pw exp(-x / theta)."""

@@ -30,6 +30,7 @@ from .base import (
     decode_fixed_point,
     decode_step_at,
     admission_wait,
+    excess_sum,
     queue_wait,
     tpot_tail,
     z_score,
@@ -63,17 +64,17 @@ def kv_move_s(model: ModelSpec, kv_bytes: float, pre: PoolModel, dec: PoolModel,
 
 
 def prefill_batch(pre: PoolModel, w: Workload, lam_server, budget_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """(prompts per prefill step, that step's time) at each per-instance arrival rate: the prompts that
-    arrive during one batch-1 prefill share the next step, up to the token budget (at least one)."""
-    s1 = PrefillService.of(pre, w, 0.5).mean_s
+    """(prompts per prefill step, that step's time) at each per-instance arrival rate: the prompts
+    that arrive during one prompt's prefill share the next step, b = lambda s_1, up to the token
+    budget (at least one)."""
     most = max(1.0, math.floor(budget_tokens / w.isl.mean))
-    b = np.clip(np.asarray(lam_server, dtype=float) * s1, 1.0, most)
     key = ("prefill_batch", w.isl.mean, w.prefix_hit, most)
     if key not in pre._cache:  # the step time over a geometric grid of batch sizes (piecewise linear)
         grid = np.unique(np.geomspace(1.0, most, 24)) if most > 1 else np.array([1.0, 1.0 + 1e-9])
         cached = w.isl.mean * w.prefix_hit
         pre._cache[key] = (grid, np.asarray(pre.prefill_s(w.isl.mean - cached, cached, grid), dtype=float))
     grid, table = pre._cache[key]
+    b = np.clip(np.asarray(lam_server, dtype=float) * table[0], 1.0, most)
     return b, np.interp(b, grid, table)
 
 
@@ -102,14 +103,24 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
     life = w.osl.mean * tpot
     aq, ap = admission_wait(lam_d, batch, limit, life, w.osl.cv**2, p)
 
-    def ttft_at(q: float) -> tuple[np.ndarray, np.ndarray]:
-        wq, wp = queue_wait(lam, service, d.prefill.instances, q, batched=b > 1)
-        _, ap_q = admission_wait(lam_d, batch, limit, life, w.osl.cv**2, q)
-        own = own_mean if q == 0.5 else PrefillService.of(pre, w, q).quantile_s * scale * b
-        return wq, wp + own + t_kv + ap_q + q * t_d  # the decode instance takes it at its next step
+    c = d.prefill.instances
 
-    wq, ttft_p = ttft_at(p)
-    ttft_mean = wq + own_mean + t_kv + aq + t_d / 2
+    def prefill_at(q: float) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, q-quantile) of arrival to end of prefill: M/G/c with the per-prompt service of a
+        batched step (T(b) / b: the queue's work is conserved), then the prompt's own step T(b). The
+        wait and the prompt's length are independent, so their excesses over the means add in
+        quadrature (a long wait and a long prompt rarely coincide)."""
+        wq, wp = queue_wait(lam, service, c, q)
+        step_q = PrefillService.of(pre, w, q).quantile_s * scale * b
+        return wq + own_mean, wq + own_mean + excess_sum(wp - wq, step_q - own_mean)
+
+    def ttft_at(q: float) -> tuple[np.ndarray, np.ndarray]:
+        mean, pre_q = prefill_at(q)
+        _, ap_q = admission_wait(lam_d, batch, limit, life, w.osl.cv**2, q)
+        return mean, pre_q + t_kv + ap_q + q * t_d  # the decode instance takes it at its next step
+
+    prefill_mean, ttft_p = ttft_at(p)
+    ttft_mean = prefill_mean + t_kv + aq + t_d / 2
     levels = np.stack([ttft_at(float(q))[1] for q in ATTAINMENT_LEVELS]) if joint else None
     itl_p = t_d + z_score(p) * np.sqrt(b_cap) * slope
 
