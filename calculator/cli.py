@@ -472,6 +472,11 @@ def plan(
     isl_cv: Annotated[float, typer.Option(help="coefficient of variation of the prompt length")] = 0.0,
     osl_cv: Annotated[float, typer.Option(help="coefficient of variation of the output length")] = 0.0,
     percentile: Annotated[float, typer.Option(help="SLO percentile")] = 90.0,
+    itl: Annotated[str | None, typer.Option(help="inter-token latency target (every gap), e.g. 200ms")] = None,
+    attainment: Annotated[str, typer.Option(help="per_metric, or joint: p% of requests meet TTFT and TPOT "
+                                                 "together")] = "per_metric",
+    scheduler: Annotated[str, typer.Option(help="mixed mode: hybrid (vLLM V1, SGLang, TensorRT-LLM) or "
+                                                "prefill_first (vLLM V0)")] = "hybrid",
     gpu: Annotated[list[str] | None, typer.Option(help="candidate GPU (repeat); default: all")] = None,
     mode: Annotated[list[str] | None, typer.Option(help="mixed, chunked, disaggregated (repeat)")] = None,
     objective: Annotated[str, typer.Option(help="gpus, cost or cost_per_token")] = "gpus",
@@ -482,13 +487,15 @@ def plan(
     as_json: JsonOpt = False,
 ) -> None:
     """The deployment (mode, GPU, tp, instances) that meets the SLO at the rate, and why (exit 1: none does)."""
-    slo = {"ttft_s": parse_duration(ttft, "ttft"), "tpot_s": parse_duration(tpot, "tpot"), "percentile": percentile}
+    slo = {"ttft_s": parse_duration(ttft, "ttft"), "tpot_s": parse_duration(tpot, "tpot"), "percentile": percentile,
+           "attainment": attainment, "itl_s": None if itl is None else parse_duration(itl, "itl")}
     from . import service as s
 
     workload = {"rate": rate, "isl": _length(isl, isl_cv), "osl": _length(osl, osl_cv), "prefix_hit": prefix_hit}
     r = s.run_plan(s.PlanRequest.model_validate({
         "model": _model_ref(model), "workload": workload, "slo": slo, "gpus": gpu or None, "modes": mode or None,
-        "objective": objective, "weight_dtype": weight_dtype, "kv_dtype": kv_dtype, "whole_nodes": whole_nodes}))
+        "objective": objective, "weight_dtype": weight_dtype, "kv_dtype": kv_dtype, "whole_nodes": whole_nodes,
+        "scheduler": scheduler}))
     if as_json:
         _print_json(r)
         if not r.plan.feasible:

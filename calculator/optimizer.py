@@ -29,7 +29,19 @@ from .kv_cache import kv_cache_bytes
 from .limits import MAX_CHUNK_BUDGETS, MAX_GPU_TYPES
 from .precision import KV_DTYPES, WEIGHT_DTYPES
 from .serving import analyse, check_context, chunked
-from .serving.base import Deployment, Mode, ModeArrays, Pool, PoolModel, PrefillService, queue_wait, rate_grid
+from .serving.base import (
+    Deployment,
+    Mode,
+    ModeArrays,
+    Pool,
+    PoolModel,
+    PrefillService,
+    Scheduler,
+    queue_wait,
+    rate_grid,
+)
+
+SCHEDULERS = ("hybrid", "prefill_first")
 from .serving.disaggregated import kv_move_s
 from .serving.workload import SLO, Workload
 
@@ -272,7 +284,8 @@ def _grid_points(protos: list[Deployment], rates: np.ndarray, a: ModeArrays, slo
 
 
 def _single_pool_candidates(m: ModelSpec, s: _Single, w: Workload, slo: SLO, modes: list[Mode], chunks: np.ndarray,
-                            whole_nodes: bool, points: list[_Points]) -> tuple[list[Candidate], int]:
+                            whole_nodes: bool, points: list[_Points], scheduler: Scheduler = "hybrid"
+                            ) -> tuple[list[Candidate], int]:
     """Mixed and chunked candidates on one (GPU, tp, pp): capacity per instance on a rate grid (all
     chunk budgets in one array), then the fewest instances that meet the SLO at the workload's rate
     (all trial counts in one array: one instance at rate / N behaves as N instances at rate)."""
@@ -284,7 +297,7 @@ def _single_pool_candidates(m: ModelSpec, s: _Single, w: Workload, slo: SLO, mod
     searched = 0
     groups: list[tuple[list[Deployment], np.ndarray, object]] = []
     if "mixed" in modes:
-        d = Deployment(mode="mixed", pool=one)
+        d = Deployment(mode="mixed", pool=one, scheduler=scheduler)
         grid = analyse(m, d, w, rates, slo.p, (s.pm,), joint)
         caps = _largest_meeting(rates, grid.meets(slo), grid.margin(slo))
         points.extend(_grid_points([d], rates, grid, slo, w))
@@ -346,6 +359,7 @@ def plan(
     kv_dtype: KVDtype = "bf16",
     kv_link: Literal["scaleout", "scaleup"] = "scaleout",
     whole_nodes: bool = False,
+    scheduler: Scheduler = "hybrid",
     _verify_nearest: bool = True,
 ) -> Plan:
     """Rank deployments that meet ``slo`` at ``workload.rate``; say why when none does.
@@ -355,7 +369,8 @@ def plan(
     most 16; a lone id or spec is one GPU type (a string is never read as a list of characters);
     ``None`` searches the whole database. ``modes``, ``tps`` and ``chunk_sizes`` likewise take one
     value or a list. ``whole_nodes`` bills every pool by whole 8-GPU nodes (and fills them with
-    instances). Invalid arguments raise ``InputError`` naming the argument (``gpus.1``,
+    instances). ``scheduler`` is the mixed mode's policy: ``"hybrid"`` (vLLM V1, SGLang, TensorRT-LLM)
+    or ``"prefill_first"`` (vLLM V0). Invalid arguments raise ``InputError`` naming the argument (``gpus.1``,
     ``workload.isl.samples``), among them a workload whose longest prompt and output exceed the
     model's context window. The search checks ``pc.deadline``'s budget between configurations.
     Pipeline stages (pp 2, 4) are tried only for GPU types on which the model does not fit at the
@@ -369,6 +384,7 @@ def plan(
     modes = list(MODES) if modes is None else [choice(f"modes.{i}", x, MODES)
                                                for i, x in enumerate(items("modes", modes, len(MODES)))]
     choice("objective", objective, OBJECTIVES)
+    choice("scheduler", scheduler, SCHEDULERS)
     tps = tuple(choice(f"tps.{i}", integer(f"tps.{i}", t, 1, MAX_TP), TP_CHOICES)
                 for i, t in enumerate(items("tps", tps, len(TP_CHOICES), (int, np.integer))))
     chunk_sizes = tuple(integer(f"chunk_sizes.{i}", c, MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS)
@@ -386,7 +402,7 @@ def plan(
     chunks = np.asarray(sorted(set(chunk_sizes)), dtype=float)
     for s in singles:
         budget.check()
-        found, n_searched = _single_pool_candidates(m, s, workload, slo, modes, chunks, whole_nodes, points)
+        found, n_searched = _single_pool_candidates(m, s, workload, slo, modes, chunks, whole_nodes, points, scheduler)
         cands += found
         searched += n_searched
     if "disaggregated" in modes:

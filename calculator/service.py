@@ -37,6 +37,7 @@ from .limits import (
 )
 from .optimizer import CHUNKS, TPS, Objective, Plan, plan
 from .serving import SLO, Deployment, Evaluation, Workload, evaluate
+from .serving.base import Scheduler
 from .serving.base import Mode
 
 ESTIMATE_SWEEPABLE = ("isl", "osl", "batch", "tp", "pp", "prefix_hit", "gpu_memory_utilisation")
@@ -288,6 +289,8 @@ class PlanRequest(_Request):
     kv_dtype: KVDtype = "bf16"
     kv_link: Literal["scaleout", "scaleup"] = "scaleout"
     whole_nodes: bool = False
+    scheduler: Scheduler = Field(default="hybrid", description="mixed mode's scheduler: hybrid (vLLM V1, SGLang, "
+                                 "TensorRT-LLM) or prefill_first (vLLM V0)")
 
 
 class PlanResponse(BaseModel):
@@ -299,7 +302,8 @@ def run_plan(req: PlanRequest) -> PlanResponse:
     p = plan(resolve_model(req.model), workload=req.workload, slo=req.slo,
              gpus=list(req.gpus) if req.gpus is not None else None, modes=list(req.modes) if req.modes else None,
              objective=req.objective, tps=tuple(req.tps), chunk_sizes=tuple(req.chunk_sizes),
-             weight_dtype=req.weight_dtype, kv_dtype=req.kv_dtype, kv_link=req.kv_link, whole_nodes=req.whole_nodes)
+             weight_dtype=req.weight_dtype, kv_dtype=req.kv_dtype, kv_link=req.kv_link, whole_nodes=req.whole_nodes,
+             scheduler=req.scheduler)
     return PlanResponse(plan=p, explanation=p.explain())
 
 

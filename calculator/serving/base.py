@@ -553,7 +553,7 @@ class ModeArrays:
             raise ValueError("joint attainment needs the TTFT levels (analyse with joint=True)")
         levels = np.concatenate([[0.0], ATTAINMENT_LEVELS])
         # P(TTFT <= a): the highest tabulated level whose TTFT is within the target (TTFT grows with the level)
-        p_ttft = levels[np.sum(self.ttft_levels_s <= slo.ttft_s, axis=0)]
+        p_ttft = levels[np.sum(self.ttft_levels_s <= slo.ttft_s, axis=-2)]
         p_tpot = lognormal_cdf(self.tpot_mean_s, self.tpot_var_s2, slo.tpot_s)
         return np.where(self.stable, p_ttft * p_tpot, 0.0)
 

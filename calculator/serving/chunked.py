@@ -163,7 +163,8 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     (bool array): whole prompts ride in the decodes' steps, so a prompt waits only for the step in
     progress and then runs in the next one with every prompt that arrived meanwhile (``_step_ttft``),
     as long as a prompt step's arrivals fill at most half of the ``per_step`` prompts the token
-    budget holds (beyond that the prompts queue: the M/G/1 form).
+    budget holds and a prompt adds at most two decode steps' time (beyond that prompts queue behind
+    long prompt steps: the M/G/1 form).
     """
     stable_decode = np.isfinite(batch) & (batch < limit) & (rho_prefill < 1) & (rho_x < 1)
     b_cap = np.minimum(batch, limit)
@@ -187,7 +188,7 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     ttft_p = wp + ap + own_p
     if shared_steps is not None:
         prompt_step = t_d + x_mean * (1 + lam * tpot)
-        shared_steps = shared_steps & (lam * prompt_step <= per_step / 2)
+        shared_steps = shared_steps & (lam * prompt_step <= per_step / 2) & (x_mean <= 2 * t_d)
         step_mean, step_p = _step_ttft(lam, t_d, tpot, x_mean, cv2, rho_x, p, x_q=x_mean * _scale(pm, w, p))
         ttft_mean = np.where(shared_steps, step_mean + aq, ttft_mean)
         ttft_p = np.where(shared_steps, step_p + ap, ttft_p)
@@ -227,7 +228,7 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     return ModeArrays(
         stable, util, np.where(stable, ttft_mean, inf), np.where(stable, ttft_p, inf), np.where(stable, tpot, inf),
         np.where(stable, tpot_p, inf), batch, np.zeros_like(batch), binding, np.where(stable, tpot_var, inf),
-        np.where(stable, itl_p, inf), None if levels is None else np.where(stable, levels, inf),
+        np.where(stable, itl_p, inf), None if levels is None else np.where(stable[..., None, :], levels, inf),
     )
 
 
