@@ -8,6 +8,7 @@ read those arrays. All step times come from ``calculator.phases`` (the same roof
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
@@ -109,9 +110,13 @@ TABLE_MIN_BATCH = 0.5
 """Below one sequence a step costs what one sequence costs, so the grid need not go lower."""
 
 
+@functools.lru_cache(maxsize=1024)
 def batch_grid(limit: float) -> np.ndarray:
-    """Geometric batch grid from 0.5 to ``limit + 1`` (one past the cap, for marginal costs)."""
-    return np.geomspace(TABLE_MIN_BATCH, max(float(limit), 1.0) + 1.0, TABLE_POINTS)
+    """Geometric batch grid from 0.5 to ``limit + 1`` (one past the cap, for marginal costs); shared,
+    so read-only."""
+    grid = np.geomspace(TABLE_MIN_BATCH, max(float(limit), 1.0) + 1.0, TABLE_POINTS)
+    grid.flags.writeable = False
+    return grid
 
 
 @dataclass(frozen=True)
@@ -234,16 +239,17 @@ class PoolModel:
                 rows[f"iters_{i}"] = k
             # one vectorised call: full, decode-only and each prompt's last chunk, stacked on a new axis
             prefix_full = prompt_cached + np.maximum(0.0, prompts_new[0] - C) / 2
-            tokens = [np.minimum(room, C), np.zeros_like(B)]
-            prefixes = [prefix_full + 0 * B, prompt_cached + 0 * B]
+            tokens = [np.minimum(room, C)]
+            prefixes = [prefix_full + 0 * B]
             for n, k in zip(prompts_new, n_chunks):
                 tokens.append(n - (k - 1) * room)
                 prefixes.append(prompt_cached + (k - 1) * room)
             times = np.asarray(self.hybrid_s(B[None], context, np.stack(tokens), np.stack(prefixes)), dtype=float)
             rows["full"] = times[0]
-            rows["decode_only"] = np.asarray(self.decode_s(B, context), dtype=float)  # no prompt: a plain decode step
+            d_grid, d_table = self.decode_table(context, grid_limit)  # no prompt: a plain decode step
+            rows["decode_only"] = np.interp(B, d_grid, d_table)
             for i, k in enumerate(n_chunks):
-                rows[f"prefill_{i}"] = (k - 1) * times[0] + times[2 + i]
+                rows[f"prefill_{i}"] = (k - 1) * times[0] + times[1 + i]
             for j, i in enumerate(missing):
                 self._cache[keys[i]] = {name: np.broadcast_to(r, B.shape)[j] for name, r in rows.items()}
         names = self._cache[keys[0]].keys()

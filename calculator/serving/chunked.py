@@ -189,6 +189,7 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     if shared_steps is not None:
         prompt_step = t_d + x_mean * (1 + lam * tpot)
         shared_steps = shared_steps & (lam * prompt_step <= per_step / 2) & (x_mean <= 2 * t_d)
+    if shared_steps is not None and shared_steps.any():
         step_mean, step_p = _step_ttft(lam, t_d, tpot, x_mean, cv2, rho_x, p, x_q=x_mean * _scale(pm, w, p))
         ttft_mean = np.where(shared_steps, step_mean + aq, ttft_mean)
         ttft_p = np.where(shared_steps, step_p + ap, ttft_p)
@@ -199,7 +200,7 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
             _, wq_q = step_wait(lam, service, t_d, float(q), batched, busy)
             _, ap_q = admission_wait(lam, batch, limit, hold, w.osl.cv**2, float(q))
             row = wq_q + ap_q + prompt_s(float(q))
-            if shared_steps is not None:
+            if shared_steps is not None and shared_steps.any():
                 step_q = _step_ttft(lam, t_d, tpot, x_mean, cv2, rho_x, float(q), x_mean * _scale(pm, w, float(q)))[1]
                 row = np.where(shared_steps, step_q + ap_q, row)
             rows.append(row)

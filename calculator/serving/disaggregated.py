@@ -78,6 +78,31 @@ def prefill_batch(pre: PoolModel, w: Workload, lam_server, budget_tokens: int) -
     return b, np.interp(b, grid, table)
 
 
+def _decode_side(dec: PoolModel, w: Workload, lam_d: np.ndarray, p: float) -> tuple[np.ndarray, ...]:
+    """The decode instance at per-instance rates ``lam_d``: (B, B capped, t_d, slope, TPOT mean, its
+    variance and p-quantile, lifetime, slot wait mean and p-quantile). Cached on the pool model: a
+    plan pairs one decode pool with many prefill pools."""
+    key = ("decode_side", lam_d.tobytes(), float(p), w.isl, w.osl)
+    hit = dec._cache.get(key)
+    if hit is not None:
+        return hit
+    ctx = w.isl.mean + (w.osl.mean + 1) / 2
+    limit = dec.batch_limit(w)
+    batch, _ = decode_fixed_point(dec, ctx, lam_d, w.osl.mean, 1.0, limit)
+    b_cap = np.minimum(batch, limit)
+    t_d = decode_step_at(dec, ctx, limit, b_cap)
+    slope = decode_step_at(dec, ctx, limit, b_cap + 1) - t_d
+    tpot = t_d + slope  # the step a request sees: t_d(B + 1) (``base.seen``)
+    zero = np.zeros_like(lam_d)
+    tpot_var, tpot_p = tpot_tail(tpot, zero, lam_d, zero, 0.0, w, slope, b_cap, p)
+    life = w.osl.mean * tpot
+    aq, ap = admission_wait(lam_d, batch, limit, life, w.osl.cv**2, p)
+    out = (batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap)
+    if len(dec._cache) < 4096:
+        dec._cache[key] = out
+    return out
+
+
 def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
             pools: tuple[PoolModel, PoolModel] | None = None, joint: bool = False) -> ModeArrays:
     assert d.prefill is not None and d.decode is not None
@@ -92,16 +117,8 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
     rho_prefill = lam * service.mean_s / d.prefill.instances
 
     lam_d = lam / d.decode.instances
-    ctx = w.isl.mean + (w.osl.mean + 1) / 2
     limit = dec.batch_limit(w)
-    batch, _ = decode_fixed_point(dec, ctx, lam_d, w.osl.mean, 1.0, limit)
-    b_cap = np.minimum(batch, limit)
-    t_d = decode_step_at(dec, ctx, limit, b_cap)
-    slope = decode_step_at(dec, ctx, limit, b_cap + 1) - t_d
-    tpot = t_d + slope  # the step a request sees: t_d(B + 1) (``base.seen``)
-    tpot_var, tpot_p = tpot_tail(tpot, np.zeros_like(lam), lam_d, np.zeros_like(lam), 0.0, w, slope, b_cap, p)
-    life = w.osl.mean * tpot
-    aq, ap = admission_wait(lam_d, batch, limit, life, w.osl.cv**2, p)
+    batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap = _decode_side(dec, w, lam_d, p)
 
     c = d.prefill.instances
 
