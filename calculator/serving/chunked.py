@@ -16,6 +16,8 @@ single inter-token gap never exceeds one full iteration t(B, C - B).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from hardware_db.schema import ModelSpec
@@ -38,7 +40,7 @@ from .base import (
     tpot_tail,
     z_score,
 )
-from .workload import Workload
+from .workload import Length, Workload
 
 
 def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float, pm: PoolModel | None = None,
@@ -264,6 +266,15 @@ def _scale(pm: PoolModel, w: Workload, q) -> np.ndarray:
     qs = np.clip(np.asarray(q, dtype=float), 0.5, 0.999)
     if w.isl.cv == 0 and w.isl.samples is None:
         return np.ones_like(qs)
-    grid = np.linspace(0.5, 0.999, 24)
-    ratios = np.array([w.isl.quantile(float(g)) / w.isl.mean for g in grid])
-    return np.interp(qs, grid, ratios)
+    return np.interp(qs, SCALE_LEVELS, _quantile_ratios(w.isl))
+
+
+SCALE_LEVELS = np.linspace(0.5, 0.999, 24)
+
+
+@functools.lru_cache(maxsize=256)
+def _quantile_ratios(length: Length) -> np.ndarray:
+    """A length's quantiles at SCALE_LEVELS over its mean (a plan reads them for every configuration)."""
+    if length.samples is not None:
+        return np.quantile(np.asarray(length.samples, dtype=float), SCALE_LEVELS) / length.mean
+    return np.array([length.quantile(float(g)) for g in SCALE_LEVELS]) / length.mean
