@@ -6,7 +6,10 @@ utilisation is the share of the closed form's capacity (the largest stable rate 
 For each case it prints p50 and p90 TTFT and TPOT from ``evaluate``'s closed form and from
 ``calculator.serving.simulate`` (same step times), and the relative error.
 
-    python bench/serving_oracle.py [--requests 1500] [--markdown]
+    python bench/serving_oracle.py [--requests 1500] [--write docs/serving-validation.md]
+
+``--write`` puts the table (and the machine and the run time) into that page between its
+``<!-- serving-oracle:begin -->`` and ``<!-- serving-oracle:end -->`` markers.
 
 ``tests/test_serving_oracle.py`` asserts the acceptance bounds on the same grid.
 """
@@ -17,6 +20,7 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -24,6 +28,9 @@ from calculator import load_model
 from calculator.serving import Deployment, Pool, Workload, analyse
 from calculator.serving.base import PoolModel
 from calculator.serving.simulate import run_deployment
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_name  # noqa: E402
 
 GPU = "h100-sxm"
 WORKLOADS = {
@@ -116,15 +123,28 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=1500)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--write", metavar="PAGE", help="put the table into this Markdown page between its markers")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     rows = [run(c, args.requests, args.seed) for c in cases()]
-    print(table(rows))
     errs = np.array([[abs(r.error(k)) for k in METRICS] for r in rows])
     low = np.array([r.case.utilisation <= 0.8 for r in rows])
-    print(f"\nworst |error| at utilisation <= 0.8: {errs[low].max():.1%}; at 0.9: {errs[~low].max():.1%}; "
-          f"median {np.median(errs):.1%}; {len(rows)} cases in {time.perf_counter() - t0:.0f} s")
+    within = (errs[low] <= 0.1).mean(), (errs[~low] <= 0.2).mean()
+    summary = (f"{len(rows)} cases, {args.requests:,} simulated requests each, seed {args.seed}, "
+               f"{time.perf_counter() - t0:.0f} s on {cpu_name()}. Within 10% at utilisation <= 0.8: "
+               f"{within[0]:.0%} of the figures; within 20% at 0.9: {within[1]:.0%}; median |error| "
+               f"{np.median(errs):.1%}; worst {errs[low].max():.0%} (<= 0.8) and {errs[~low].max():.0%} (0.9).")
+    out = table(rows) + "\n\n" + summary
+    print(out)
+    if args.write:
+        page = Path(args.write)
+        text = page.read_text(encoding="utf-8")
+        head, rest = text.split(BEGIN, 1)
+        page.write_text(head + BEGIN + "\n" + out + "\n" + END + rest.split(END, 1)[1], encoding="utf-8")
     return 0
+
+
+BEGIN, END = "<!-- serving-oracle:begin -->", "<!-- serving-oracle:end -->"
 
 
 if __name__ == "__main__":

@@ -24,15 +24,16 @@ _SOURCES: dict[str, str] = {
     **dict.fromkeys(("kv_bytes_per_token", "kv_cache_bytes"), ".kv_cache"),
     **dict.fromkeys(("Candidate", "Plan", "plan"), ".optimizer"),
     **dict.fromkeys(("SLO", "Deployment", "Evaluation", "Length", "Pool", "Workload", "evaluate"), ".serving"),
+    **dict.fromkeys(("Simulation", "simulate"), ".serving.simulate"),
 }
 """Public name -> the module it comes from."""
 
 __all__ = [
     "FORMULAS", "SLO", "Cancelled", "Candidate", "DeadlineExceeded", "Deployment", "Efficiency", "Estimate",
     "Evaluation", "Formula", "GPUSpec", "HardwareDBError", "InputError", "Length", "MemoryBreakdown",
-    "ModelSpec", "OpRow", "PdplanError", "Plan", "Pool", "UnknownIdError", "UnstableError", "Workload",
-    "deadline", "estimate", "evaluate", "kv_bytes_per_token", "kv_cache_bytes", "list_gpus", "list_models",
-    "load_gpu", "load_model", "model_from_hf_config", "plan",
+    "ModelSpec", "OpRow", "PdplanError", "Plan", "Pool", "Simulation", "UnknownIdError", "UnstableError",
+    "Workload", "deadline", "estimate", "evaluate", "kv_bytes_per_token", "kv_cache_bytes", "list_gpus",
+    "list_models", "load_gpu", "load_model", "model_from_hf_config", "plan", "simulate",
 ]  # the keys of _SOURCES (a test checks)
 
 

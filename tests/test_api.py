@@ -111,6 +111,22 @@ def test_evaluate_and_its_instability():
     assert r.status_code == 200 and r.json()["stable"] is False and "overloaded" in r.json()["reason"]
 
 
+def test_evaluate_reports_itl_joint_attainment_and_the_binding_resource():
+    req = {"model": "llama-3.1-8b", "deployment": {"mode": "mixed", "pool": {"gpu": "h100-sxm"},
+                                                   "scheduler": "prefill_first"},
+           "workload": {"rate": 1.5, "isl": 8000, "osl": 300},
+           "slo": {"ttft_s": 2.0, "tpot_s": 0.05, "itl_s": 0.5, "attainment": "joint"}}
+    body = client.post("/v1/evaluate", json=req).json()
+    assert body["stable"] and 0.5 < body["attainment"] <= 1
+    assert body["itl_by_percentile_s"]["99"] > 3 * body["itl_by_percentile_s"]["50"]
+    assert body["binding"] in ("prefill interference", "decode bandwidth") and 0 < body["utilisation"] < 1
+    bad = client.post("/v1/evaluate", json={**req, "slo": {**req["slo"], "attainment": "both"}})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][-1] == "attainment"
+    plan = client.post("/v1/plan", json={**PLAN, "scheduler": "prefill_first", "modes": ["mixed"]})
+    assert plan.status_code == 200
+    assert plan.json()["plan"]["candidates"][0]["deployment"]["scheduler"] == "prefill_first"
+
+
 def test_sweep_series_are_monotone_in_the_varied_input():
     r = client.post("/v1/sweep", json={"target": "estimate", "vary": "batch", "values": [1, 2, 4, 8, 16],
                                        "estimate": {"model": "llama-3.1-8b", "gpu": "h100-sxm"}})

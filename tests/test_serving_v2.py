@@ -7,7 +7,7 @@ import calculator as pc
 from calculator.serving import analyse
 from calculator.serving.base import PoolModel
 from calculator.serving.disaggregated import prefill_batch
-from calculator.serving.simulate import Requests, run_deployment, run_engine, simulate
+from calculator.serving.simulate import Requests, run_deployment, run_engine
 
 OPT = pc.load_model("opt-13b")
 
@@ -115,7 +115,7 @@ def test_itl_and_joint_attainment():
     joint = pc.SLO(ttft_s=r.ttft_s(90), tpot_s=r.tpot_s(90), attainment="joint")
     att = pc.evaluate("llama-3.1-8b", {"mode": "mixed", "pool": {"gpu": "h100-sxm"}}, w, joint).attainment
     assert 0.75 <= att <= 0.9 + 1e-9  # both at their p90: at most 90% meet both
-    s = simulate("llama-3.1-8b", {"mode": "mixed", "pool": {"gpu": "h100-sxm"}}, w, joint, requests=800)
+    s = pc.simulate("llama-3.1-8b", {"mode": "mixed", "pool": {"gpu": "h100-sxm"}}, w, joint, requests=800)
     assert s.attainment == pytest.approx(att, abs=0.1)
     assert s.itl_by_percentile_s[99] == pytest.approx(r.itl_s(99), rel=0.25)
     with pytest.raises(ValueError, match="itl_s"):

@@ -23,15 +23,7 @@ from .workload import SLO, Length, Workload
 
 ANALYSERS = {"mixed": mixed.analyse, "chunked": chunked.analyse, "disaggregated": disaggregated.analyse}
 
-__all__ = ["SLO", "Deployment", "Evaluation", "Length", "Pool", "Workload", "analyse", "evaluate", "simulate"]
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("simulate", "Simulation"):
-        from . import simulate as module
-
-        return getattr(module, name)
-    raise AttributeError(name)
+__all__ = ["SLO", "Deployment", "Evaluation", "Length", "Pool", "Workload", "analyse", "evaluate"]
 
 
 def analyse(model: ModelSpec, d: Deployment, w: Workload, rates, p: float,

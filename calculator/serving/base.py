@@ -534,14 +534,15 @@ class ModeArrays:
         """How far inside the SLO each rate is: the smallest of 1 - metric / target over the SLO's
         metrics and 1 - utilisation (negative outside; -inf where unstable). A capacity search
         interpolates its zero between two grid rates."""
-        parts = [1 - self.utilisation, 1 - self.ttft_p_s / slo.ttft_s]
-        if slo.itl_s is not None:
-            parts.append(1 - self.itl_p_s / slo.itl_s)
-        if slo.attainment == "joint":
-            parts.append(self.attainment(slo) - slo.p)
-        else:
-            parts.append(1 - self.tpot_p_s / slo.tpot_s)
-        m = np.min(np.stack(np.broadcast_arrays(*parts)), axis=0)
+        with np.errstate(all="ignore"):
+            parts = [1 - self.utilisation, 1 - self.ttft_p_s / slo.ttft_s]
+            if slo.itl_s is not None:
+                parts.append(1 - self.itl_p_s / slo.itl_s)
+            if slo.attainment == "joint":
+                parts.append(self.attainment(slo) - slo.p)
+            else:
+                parts.append(1 - self.tpot_p_s / slo.tpot_s)
+            m = np.min(np.stack(np.broadcast_arrays(*parts)), axis=0)
         return np.where(self.stable & np.isfinite(m), m, -np.inf)
 
     def meets(self, slo: SLO) -> np.ndarray:
