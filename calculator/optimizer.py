@@ -296,20 +296,29 @@ def _single_pool_candidates(m: ModelSpec, s: _Single, w: Workload, slo: SLO, mod
     out: list[Candidate] = []
     searched = 0
     groups: list[tuple[list[Deployment], np.ndarray, object]] = []
-    if "mixed" in modes:
+    # the hybrid mixed mode is the chunked analysis with one whole-prompt row: one call for both
+    rows: list[tuple[Deployment, float, bool]] = []
+    if "mixed" in modes and scheduler == "hybrid":
+        d = Deployment(mode="mixed", pool=one, scheduler=scheduler)
+        rows.append((d, float(d.max_batched_tokens), True))
+    if "chunked" in modes:
+        rows += [(Deployment(mode="chunked", pool=one, chunk_tokens=int(c)), float(c), False) for c in chunks]
+    if rows:
+        budget.check()
+        protos = [r[0] for r in rows]
+        budgets = np.array([r[1] for r in rows])
+        whole = np.array([r[2] for r in rows])
+        with np.errstate(all="ignore"):
+            grid = chunked.analyse_budgets(s.pm, w, rates, slo.p, budgets, 1, whole, joint)
+        caps = _largest_meeting(rates, grid.meets(slo), grid.margin(slo))
+        points.extend(_grid_points(protos, rates, grid, slo, w))
+        groups.append((protos, caps, lambda r: chunked.analyse_budgets(s.pm, w, r, slo.p, budgets, 1, whole, joint)))
+    if "mixed" in modes and scheduler != "hybrid":
         d = Deployment(mode="mixed", pool=one, scheduler=scheduler)
         grid = analyse(m, d, w, rates, slo.p, (s.pm,), joint)
         caps = _largest_meeting(rates, grid.meets(slo), grid.margin(slo))
         points.extend(_grid_points([d], rates, grid, slo, w))
         groups.append(([d], caps, lambda r, d=d: analyse(m, d, w, r[0], slo.p, (s.pm,), joint)))
-    if "chunked" in modes:
-        budget.check()
-        with np.errstate(all="ignore"):
-            grid = chunked.analyse_budgets(s.pm, w, rates, slo.p, chunks, 1, joint=joint)
-        caps = _largest_meeting(rates, grid.meets(slo), grid.margin(slo))
-        protos = [Deployment(mode="chunked", pool=one, chunk_tokens=int(c)) for c in chunks]
-        points.extend(_grid_points(protos, rates, grid, slo, w))
-        groups.append((protos, caps, lambda r: chunked.analyse_budgets(s.pm, w, r, slo.p, chunks, 1, joint=joint)))
     for protos, caps, evaluate_at in groups:
         budget.check()
         searched += len(protos)

@@ -574,8 +574,8 @@ class Evaluation(BaseModel):
     stable: bool
     reason: str | None = None
     utilisation: float | None = Field(description="the binding resource's load, 1 = saturated")
-    binding: str | None = Field(default=None, description="the resource that binds: prompt steps / prefill chunks / "
-                                "prefill interference, decode bandwidth, batch cap, KV memory, prefill pool")
+    binding: str | None = Field(default=None, description="the resource that binds: prefill interference (mixed), "
+                                "prefill chunks, decode bandwidth, batch cap, KV memory, prefill pool (disaggregated)")
     ttft_mean_s: float | None
     tpot_mean_s: float | None
     kv_transfer_s: float | None = Field(description="disaggregated: KV move per request (visible part)")

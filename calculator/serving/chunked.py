@@ -59,14 +59,15 @@ def first_row(a: ModeArrays) -> ModeArrays:
 
 
 def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float, chunks: np.ndarray,
-                    instances: int, whole_prompts: bool = False, joint: bool = False) -> ModeArrays:
+                    instances: int, whole_prompts: bool | np.ndarray = False, joint: bool = False) -> ModeArrays:
     """Steps that carry every running decode plus prompt tokens, for several token budgets at once:
     arrays of (budgets x rates).
 
     Chunked (Sarathi): a prompt is cut into pieces of C - B tokens. With ``whole_prompts`` (the
     hybrid scheduler with chunking off) a prompt is one piece however long, so C only bounds how
-    many prompts share a step. ``total_rate`` is one array of rates for every budget, or one row
-    of rates per budget.
+    many prompts share a step; ``whole_prompts`` may be one flag per budget (a plan analyses the
+    hybrid mixed mode and every chunk budget in one call). ``total_rate`` is one array of rates for
+    every budget, or one row of rates per budget.
     """
     lam = np.atleast_2d(np.asarray(total_rate, dtype=float) / instances)
     chunks = np.asarray(chunks, dtype=float)
@@ -75,12 +76,9 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     isl_q_new = w.isl.quantile(p) * (1 - w.prefix_hit)
     ctx = w.isl.mean + (w.osl.mean + 1) / 2
     grid_limit = pm.batch_limit(w)
-    if whole_prompts:
-        pieces = np.full_like(chunks, max(isl_q_new, isl_new, w.isl.max) + grid_limit + 2)
-        limits = np.full_like(chunks, grid_limit)
-    else:
-        pieces = chunks
-        limits = np.minimum(grid_limit, chunks - 1.0)
+    whole = np.broadcast_to(np.asarray(whole_prompts, dtype=bool), chunks.shape)
+    pieces = np.where(whole, max(isl_q_new, isl_new, w.isl.max) + grid_limit + 2, chunks)
+    limits = np.where(whole, grid_limit, np.minimum(grid_limit, chunks - 1.0))
     limit = limits[:, None]
     tab = pm.chunked_tables(ctx, grid_limit, limits, pieces, (isl_new, isl_q_new), cached)
     grid = tab["grid"]
@@ -90,7 +88,7 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     cv2 = w.isl.cv**2
     t_d_g, s_g, k_g = (tab[k][:, None, :] for k in ("decode_only", "prefill_0", "iters_0"))
     room_g = np.maximum(pieces[:, None, None] - grid[None, None, :], 1.0)
-    work_g, t_b_g = _busy_steps(whole_prompts, isl_new, room_g, s_g, tab["full"][:, None, :])
+    work_g, t_b_g = _busy_steps(whole[:, None, None], isl_new, room_g, s_g, tab["full"][:, None, :])
     seen_g = seen(grid, tab["decode_only"])[:, None, :]  # the step a decoding request sees: t_d(B + 1)
     tpot_grid = busy_tpot(lam3, grid[None, None, :], seen_g, lam3 * (s_g - k_g * t_d_g), work_g, t_b_g, cv2)
     batch = first_root(grid, grid[None, None, :] - lam3 * w.osl.mean * tpot_grid)
@@ -102,34 +100,38 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     x_mean = s_mean - k_mean * t_d  # what one prompt adds to every running decode's lifetime
     rho_x = lam * x_mean
     room = np.maximum(pieces[:, None] - b_cap, 1.0)
-    work_s, t_b = _busy_steps(whole_prompts, isl_new, room, s_mean, t_full)
+    wh = whole[:, None]
+    work_s, t_b = _busy_steps(wh, isl_new, room, s_mean, t_full)
     slope = interp_rows(grid, tab["decode_only"], b_cap + 1) - t_d
     tpot = busy_tpot(lam, b_cap, t_d + slope, rho_x, work_s, t_b, cv2)
-    fits_whole = 2 * isl_new <= room  # two prompts fit one step: steps batch whole prompts, as with chunking off
-    if whole_prompts:  # one step per prompt; prompts that queued share a step when the budget holds two
-        piece_s, pieces, s_queued, s_queued_q = s_mean, np.ones_like(s_mean), s_mean, s_q
-        batched = np.broadcast_to((chunks >= 2 * w.isl.mean)[:, None], s_mean.shape)
-    else:  # C - B tokens a step; a prompt that queued starts in its predecessor's last step (half a step on average)
-        pieces = isl_new / room
-        piece_s, batched = t_b, fits_whole
-        s_queued = np.where(fits_whole, s_mean, (pieces + 0.5) * t_full)
-        s_queued_q = np.where(fits_whole, s_q, (isl_q_new / room + 0.5) * t_full)
+    # whole prompts: one step each, queued ones share a step when the budget holds two; chunked: C - B
+    # tokens a step (two prompts that fit a step batch like whole ones), and a prompt that queued
+    # starts in its predecessor's last step (half a step on average)
+    fits = wh | (2 * isl_new <= room)
+    pieces = np.where(wh, 1.0, isl_new / room)
+    piece_s = np.where(wh, s_mean, t_b)
+    batched = np.where(wh, (chunks >= 2 * w.isl.mean)[:, None], fits)
+    s_queued = np.where(fits, s_mean, (pieces + 0.5) * t_full)
+    s_queued_q = np.where(fits, s_q, (isl_q_new / room + 0.5) * t_full)
     return single_pool_arrays(pm, w, lam, p, batch, limit, t_d, tpot, rho_x, lam * work_s, x_mean, work_s, s_mean,
-                              s_q, slope, piece_s=piece_s, queued_s=None if whole_prompts else (s_queued, s_queued_q),
+                              s_q, slope, piece_s=piece_s, queued_s=(s_queued, s_queued_q),
                               shared_steps=np.broadcast_to(batched, s_mean.shape),
                               per_step=np.floor(np.maximum(chunks[:, None] - b_cap, 1.0) / max(isl_new, 1.0)),
                               stall_gap_share=lam * pieces * tpot, batched=batched,
-                              interference="prefill interference" if whole_prompts else "prefill chunks", joint=joint,
+                              interference=np.where(wh, "prefill interference", "prefill chunks"), joint=joint,
                               prompt_s=lambda q: s_mean * _prefill_ratio(pm, w, q))
 
 
-def _busy_steps(whole_prompts: bool, isl_new: float, room, s, t_full) -> tuple[np.ndarray, np.ndarray]:
+def _prefill_ratio(pm: PoolModel, w: Workload, q: float) -> float:
+    """Prefill time of the q-quantile prompt over the mean prefill time (batch-1 roofline)."""
+    return PrefillService.of(pm, w, q).quantile_s / PrefillService.of(pm, w, q).mean_s
+
+
+def _busy_steps(whole, isl_new: float, room, s, t_full) -> tuple[np.ndarray, np.ndarray]:
     """(time one prompt keeps the prompt queue busy, duration of a busy step), s. Whole prompts (or
     chunked prompts short enough that two share a step) take their own step S; longer chunked prompts
     fill full steps of C - B tokens, n / (C - B) of them."""
-    if whole_prompts:
-        return s, s
-    fits = 2 * isl_new <= room
+    fits = whole | (2 * isl_new <= room)
     return np.where(fits, s, isl_new / room * t_full), np.where(fits, s, t_full)
 
 
@@ -146,13 +148,8 @@ def busy_tpot(lam, batch, t_d, rho_x, work_s, t_b, cv2: float) -> np.ndarray:
     return np.where(ok, tpot, np.inf)
 
 
-def _prefill_ratio(pm: PoolModel, w: Workload, q: float) -> float:
-    """Prefill time of the q-quantile prompt over the mean prefill time (batch-1 roofline)."""
-    return PrefillService.of(pm, w, q).quantile_s / PrefillService.of(pm, w, q).mean_s
-
-
 def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, t_d, tpot, rho_x, rho_prefill, x_mean,
-                       work_s, s_mean, s_q, slope, piece_s, stall_gap_share, batched, interference: str, joint: bool,
+                       work_s, s_mean, s_q, slope, piece_s, stall_gap_share, batched, interference, joint: bool,
                        prompt_s, queued_s=None, shared_steps=None, per_step=None) -> ModeArrays:
     """Tails, waits, utilisation and the binding resource of one instance that runs prompts and decodes.
 
@@ -220,12 +217,13 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     occupancy = np.where(np.isfinite(batch), batch, demand) / limit
     # decode bandwidth: the marginal sequence's step time over the time the prompts leave to the decodes
     decode_load = lam * w.osl.mean * slope / np.where(rho_x < 1, np.maximum(1 - rho_x, 1e-3), 1.0)
-    names = np.array([interference, "decode bandwidth",
-                      "batch cap" if pm.pool.max_batch <= kv_limit else "KV memory"])
     stacked = np.stack(np.broadcast_arrays(rho_x, decode_load, occupancy))
     stacked = np.where(np.isfinite(stacked), stacked, 1e9)
     util = stacked.max(axis=0)
-    binding = names[np.argmax(stacked, axis=0)]
+    which = np.argmax(stacked, axis=0)
+    binding = np.where(which == 0, np.broadcast_to(interference, which.shape).astype(object),
+                       np.where(which == 1, "decode bandwidth",
+                                "batch cap" if pm.pool.max_batch <= kv_limit else "KV memory"))
     stable = stable_decode & (util < 1)
     inf = np.inf
     return ModeArrays(
