@@ -492,11 +492,18 @@ def inverse_osl(w: Workload) -> float:
     return float(np.sum(weights / gaps))
 
 
-def admission_wait(lam, batch, limit: float, life_s, life_cs2: float, p: float) -> tuple[np.ndarray, np.ndarray]:
+def admission_wait(lam, batch, limit: float, life_s, life_cs2, p: float, peakedness=1.0
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """(mean, p-quantile) of the wait for a batch slot (KV memory or the batch cap): an M/G/c queue
-    whose c = floor(limit) servers are the slots and whose service is a request's decode lifetime."""
-    c = np.maximum(np.floor(limit), 1.0)
-    lam = np.asarray(lam, dtype=float)
+    whose c = floor(limit) servers are the slots and whose service is a request's time in the batch.
+
+    Lifetimes are not independent: a burst of prompts stretches every running sequence at once, so
+    the batch is peaked (variance z times its mean, z = ``peakedness``). Hayward's approximation
+    treats peaked traffic a on c servers as Poisson traffic a / z on c / z servers (the same wait).
+    """
+    z = np.maximum(np.asarray(peakedness, dtype=float), 1.0)
+    c = np.maximum(np.floor(limit), 1.0) / z
+    lam = np.asarray(lam, dtype=float) / z
     life = np.where(np.isfinite(life_s), life_s, 0.0)
     args = {"lambda": lam, "E_S": life, "c_s2": life_cs2, "c_srv": c}
     rho = lam * life / c

@@ -182,7 +182,13 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
         own_mean = (1 - pw) * s_mean + pw * queued_s[0]
         own_p = np.where(pw > 1 - p, np.maximum(s_q, queued_s[1]), s_q)
     hold = life + own_mean  # a slot is held from the prompt's first step to its last token
-    aq, ap = admission_wait(lam, batch, limit, hold, w.osl.cv**2, p)
+    # a lifetime varies as the TPOT does, in common with the sequences it overlaps (the same prompt
+    # steps stall them all; two lifetimes that meet share half of them on average): the batch's
+    # peakedness is 1 + a cv^2 / 2, a = lambda hold the offered slots
+    life_cv2 = np.where(np.isfinite(tpot_var) & (tpot > 0), tpot_var / np.maximum(tpot, 1e-12) ** 2, 0.0)
+    hold_cv2 = w.osl.cv**2 + life_cv2
+    peaked = 1 + lam * np.where(np.isfinite(hold), hold, 0.0) * life_cv2 / 2
+    aq, ap = admission_wait(lam, batch, limit, hold, hold_cv2, p, peaked)
     ttft_mean = wq + aq + own_mean
     ttft_p = wp + ap + own_p
     if shared_steps is not None:
@@ -197,7 +203,7 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
         rows = []
         for q in ATTAINMENT_LEVELS:
             _, wq_q = step_wait(lam, service, t_d, float(q), batched, busy)
-            _, ap_q = admission_wait(lam, batch, limit, hold, w.osl.cv**2, float(q))
+            _, ap_q = admission_wait(lam, batch, limit, hold, hold_cv2, float(q), peaked)
             row = wq_q + ap_q + prompt_s(float(q))
             if shared_steps is not None and shared_steps.any():
                 step_q = _step_ttft(lam, t_d, tpot, x_mean, cv2, rho_x, float(q), x_mean * _scale(pm, w, float(q)))[1]

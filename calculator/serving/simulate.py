@@ -70,6 +70,7 @@ class Trace:
     preemptions: int
     steps: int
     stable: bool
+    admission_wait_s: np.ndarray | None = None  # arrival to first admission (decode instance: to its KV)
 
     def ttft_p(self, p: float) -> float:
         return float(np.percentile(self.ttft_s, p))
@@ -136,6 +137,7 @@ def run_engine(pm: PoolModel, policy: Policy, arrivals: np.ndarray, prompt: np.n
     need = prompt.astype(np.int64).copy()  # tokens the prefill computes (grows when a preempted one recomputes)
     progress = np.zeros(n, dtype=np.int64)
     admitted = np.zeros(n, dtype=bool)
+    admitted_at = np.full(n, np.nan)  # first admission (a batch slot and its prompt's KV), s
     run_id = np.empty(0, dtype=np.int64)
     run_ctx = np.empty(0, dtype=float)
     run_last = np.empty(0, dtype=float)
@@ -186,6 +188,8 @@ def run_engine(pm: PoolModel, policy: Policy, arrivals: np.ndarray, prompt: np.n
             if active >= max_batch or (used + cost > capacity and active):
                 return False
             admitted[r] = True
+            if np.isnan(admitted_at[r]):
+                admitted_at[r] = t
             used += cost
             reserved += cost
             active += 1
@@ -312,7 +316,8 @@ def run_engine(pm: PoolModel, policy: Policy, arrivals: np.ndarray, prompt: np.n
     sel = measured
     tpot = np.where(osl[sel] > 1, (done[sel] - first[sel]) / np.maximum(osl[sel] - 1, 1), np.nan)
     trace = Trace(first[sel] - arrivals[sel], tpot, np.asarray(itl_values), np.asarray(itl_weights, dtype=float),
-                  batch_time / t if t > 0 else 0.0, preemptions, steps, stable and pending == 0)
+                  batch_time / t if t > 0 else 0.0, preemptions, steps, stable and pending == 0,
+                  admitted_at[sel] - arrivals[sel])
     return first, done, trace
 
 
