@@ -397,7 +397,8 @@ mixed_tpot = _formula(
     "mixed_tpot",
     t_d / (1 - rho_p),
     "s",
-    "Mean TPOT when prefills pre-empt decode: each token waits out the prefills that arrive meanwhile.",
+    "Time-average TPOT when prompts stall decode a share rho of the time (a prompt's whole prefill with "
+    "prefill_first, its step beyond a plain decode step with hybrid): each token waits out the stalls.",
 )
 tpot_sym = _sym("TPOT", "time per output token", "s")
 littles_law_batch = _formula(

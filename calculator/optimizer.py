@@ -428,9 +428,9 @@ def plan(
         nearest = None
         for factor in NEAREST_SLO_FACTORS if start is not None and _verify_nearest else ():
             budget.check()
-            trial = _slo_or_none(start.ttft_s * factor, start.tpot_s * factor, slo.percentile)
+            trial = _slo_or_none(start.ttft_s * factor, start.tpot_s * factor, slo)
             if trial is not None and plan(m, workload, trial, specs, modes, objective, tps, chunk_sizes, weight_dtype,
-                                          kv_dtype, kv_link, whole_nodes, _verify_nearest=False).feasible:
+                                          kv_dtype, kv_link, whole_nodes, scheduler, _verify_nearest=False).feasible:
                 nearest = trial
                 break
         return Plan(model=m.id, workload=workload, slo=slo, objective=objective, modes=tuple(modes), feasible=False,
@@ -599,10 +599,11 @@ def _describe_config(d: Deployment, instances: bool = False) -> str:
     return f"{d.mode} {pool(d.pool)}{extra}"  # type: ignore[arg-type]
 
 
-def _slo_or_none(ttft_s: float, tpot_s: float, percentile: float) -> SLO | None:
-    """An SLO rounded for display, or None when it is beyond the SLO's own bounds."""
+def _slo_or_none(ttft_s: float, tpot_s: float, like: SLO) -> SLO | None:
+    """``like`` with these TTFT and TPOT targets (rounded for display; its percentile, ITL target and
+    attainment kept), or None when they are beyond the SLO's own bounds."""
     try:
-        return SLO(ttft_s=round(ttft_s, 4), tpot_s=round(tpot_s, 5), percentile=percentile)
+        return SLO.model_validate({**like.model_dump(), "ttft_s": round(ttft_s, 4), "tpot_s": round(tpot_s, 5)})
     except ValueError:
         return None
 
@@ -623,7 +624,7 @@ def _infeasible(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, gpu
         ttfts.append((PrefillService.of(s.pm, w, slo.p).quantile_s, s))
     tpot_floor, fs = min(floors, key=lambda x: x[0])
     ttft_floor, ts = min(ttfts, key=lambda x: x[0])
-    nearest = _slo_or_none(max(slo.ttft_s, 1.25 * ttft_floor), max(slo.tpot_s, 1.25 * tpot_floor), slo.percentile)
+    nearest = _slo_or_none(max(slo.ttft_s, 1.25 * ttft_floor), max(slo.tpot_s, 1.25 * tpot_floor), slo)
     if slo.tpot_s < tpot_floor:
         return (f"TPOT {slo.tpot_s:g} s is below the batch-1 decode floor of {tpot_floor:.4f} s for {m.id} on "
                 f"{fs.gpu} at tp={fs.tp}" + (f" pp={fs.pp}" if fs.pp > 1 else "")), nearest

@@ -120,3 +120,12 @@ def test_itl_and_joint_attainment():
     assert s.itl_by_percentile_s[99] == pytest.approx(r.itl_s(99), rel=0.25)
     with pytest.raises(ValueError, match="itl_s"):
         pc.SLO(ttft_s=1, tpot_s=0.05, itl_s=-1)
+
+
+def test_an_overloaded_simulation_is_reported_unstable():
+    # a finite run drains any backlog; growing waits through the run are what mark the overload
+    d = {"mode": "mixed", "pool": {"gpu": "h100-sxm"}}
+    over = pc.simulate("llama-3.1-8b", d, {"rate": 200, "isl": 4000, "osl": 500}, requests=200)
+    assert not over.stable and over.ttft_by_percentile_s == {}
+    ok = pc.simulate("llama-3.1-8b", d, {"rate": 2, "isl": 4000, "osl": 500}, requests=300)
+    assert ok.stable and 0.1 < ok.ttft_by_percentile_s[50] < ok.ttft_by_percentile_s[90] < 0.5

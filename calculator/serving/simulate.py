@@ -315,10 +315,20 @@ def run_engine(pm: PoolModel, policy: Policy, arrivals: np.ndarray, prompt: np.n
 
     sel = measured
     tpot = np.where(osl[sel] > 1, (done[sel] - first[sel]) / np.maximum(osl[sel] - 1, 1), np.nan)
-    trace = Trace(first[sel] - arrivals[sel], tpot, np.asarray(itl_values), np.asarray(itl_weights, dtype=float),
-                  batch_time / t if t > 0 else 0.0, preemptions, steps, stable and pending == 0,
-                  admitted_at[sel] - arrivals[sel])
+    ttft = first[sel] - arrivals[sel]
+    trace = Trace(ttft, tpot, np.asarray(itl_values), np.asarray(itl_weights, dtype=float),
+                  batch_time / t if t > 0 else 0.0, preemptions, steps,
+                  stable and pending == 0 and not _growing(ttft), admitted_at[sel] - arrivals[sel])
     return first, done, trace
+
+
+def _growing(ttft: np.ndarray) -> bool:
+    """Whether the backlog grew through the run (an overload that a finite run still drains): the
+    last tenth of the measured requests waited 3x longer than the first tenth, and a second more."""
+    k = max(10, ttft.size // 10)
+    if ttft.size < 2 * k or not np.all(np.isfinite(ttft)):
+        return False
+    return float(np.median(ttft[-k:])) > 3 * float(np.median(ttft[:k])) + 1.0
 
 
 def run_prefill_pool(pm: PoolModel, servers: int, arrivals: np.ndarray, prompt: np.ndarray, cached: np.ndarray,
@@ -409,7 +419,7 @@ def run_deployment(model: ModelSpec, d: Deployment, w: Workload, pools: Sequence
                              r.measured[idx], d.max_batched_tokens)
     ttft = trace.ttft_s + (ready[idx] - r.arrivals[idx])[r.measured[idx]]
     return Trace(ttft, trace.tpot_s, trace.itl_s, trace.itl_weight, trace.batch_mean, trace.preemptions, trace.steps,
-                 trace.stable)
+                 trace.stable and not _growing(ttft), trace.admission_wait_s)
 
 
 class Simulation(BaseModel):
