@@ -86,9 +86,9 @@ def test_admission_waits_when_kv_memory_is_nearly_full():
 
 def test_the_simulation_enforces_the_kv_capacity_by_preemption():
     m = pc.load_model("llama-3.1-8b")
-    w = pc.Workload(rate=2.0, isl=1000, osl=800)
+    w = pc.Workload(rate=0.8, isl=1000, osl=800)
     pm = PoolModel.build(m, pc.Pool(gpu="h100-sxm"), w)
-    r = Requests.draw(w, 2.0, 300, 1)
+    r = Requests.draw(w, 0.8, 300, 1)
     cap = float(pm.kv_seq_bytes(1800)) * 6  # room for six finished sequences
     first, done, trace = run_engine(pm, "hybrid", r.arrivals, r.isl, r.cached, r.osl, r.measured, 8192,
                                     kv_capacity_bytes=cap)
