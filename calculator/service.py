@@ -37,8 +37,7 @@ from .limits import (
 )
 from .optimizer import CHUNKS, TPS, Objective, Plan, plan
 from .serving import SLO, Deployment, Evaluation, Workload, evaluate
-from .serving.base import Scheduler
-from .serving.base import Mode
+from .serving.base import Mode, Scheduler
 
 ESTIMATE_SWEEPABLE = ("isl", "osl", "batch", "tp", "pp", "prefix_hit", "gpu_memory_utilisation")
 PLAN_SWEEPABLE = ("rate", "isl", "osl", "prefix_hit", "ttft_s", "tpot_s")

@@ -9,7 +9,6 @@ must miss the SLO in at least 70% of those plans (the count is tight, not rounde
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 import calculator as pc
 from calculator.serving.base import PoolModel

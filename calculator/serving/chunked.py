@@ -23,7 +23,6 @@ import numpy as np
 from hardware_db.schema import ModelSpec
 
 from .. import formulas as f
-
 from .base import (
     ATTAINMENT_LEVELS,
     Deployment,
@@ -31,9 +30,9 @@ from .base import (
     ModeArrays,
     PoolModel,
     PrefillService,
+    admission_wait,
     first_root,
     interp_rows,
-    admission_wait,
     mixture_quantile,
     seen,
     step_wait,

@@ -27,9 +27,9 @@ from .base import (
     ModeArrays,
     PoolModel,
     PrefillService,
+    admission_wait,
     decode_fixed_point,
     decode_step_at,
-    admission_wait,
     excess_sum,
     queue_wait,
     tpot_tail,
@@ -133,7 +133,7 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
 
     def ttft_at(q: float) -> tuple[np.ndarray, np.ndarray]:
         mean, pre_q = prefill_at(q)
-        _, ap_q = admission_wait(lam_d, batch, limit, life, w.osl.cv**2, q)
+        ap_q = ap if q == p else admission_wait(lam_d, batch, limit, life, w.osl.cv**2, q)[1]
         return mean, pre_q + t_kv + ap_q + q * t_d  # the decode instance takes it at its next step
 
     prefill_mean, ttft_p = ttft_at(p)

@@ -446,8 +446,8 @@ def simulate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
     Slower than ``evaluate`` (about a second per thousand requests with long outputs) and seeded, so
     repeatable. ``requests`` is how many are measured (100 ... 50,000).
     """
-    from . import _pool_models, check_context
     from ..arguments import as_model, integer, model_spec
+    from . import _pool_models, check_context
 
     m = model_spec(model)
     d = as_model("deployment", deployment, Deployment)
