@@ -20,7 +20,7 @@ from . import errors
 from .body import add_body_schemas
 from .compute import Runner
 from .limits import BodySizeLimit
-from .routers import calculate
+from .routers import calculate, web
 from .routers import database as database_router
 
 DESCRIPTION = """Closed-form capacity planning for LLM serving: prefill (TTFT), decode (TPOT), KV cache,
@@ -66,6 +66,7 @@ def create_app(deadline_s: float | None = None, max_concurrent: int = 4) -> Fast
     errors.install(app)
     app.include_router(database_router.router)
     app.include_router(calculate.router)
+    app.include_router(web.router)
 
     async def healthz() -> Health:
         return Health(status="ok")
