@@ -2,19 +2,24 @@
 
 The user's file is found from the ``path`` argument, else the ``PDPLAN_HARDWARE_DB`` environment
 variable. Its entries replace bundled ones with the same id and add new ones.
+
+An id is looked up as given, then in any case, then among the entries' ``aliases`` (any case), then
+as a prefix that ends where a component of one entry's id or alias ends (``h200`` → ``h200-sxm``).
+A name that two entries share, as an alias or as such a prefix, is ambiguous: the error lists them.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .errors import HardwareDBError, InputError, UnknownIdError
+from .errors import AmbiguousIdError, HardwareDBError, InputError, UnknownIdError
 from .schema import GPUFile, GPUSpec, ModelFile, ModelSpec, UserFile
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -58,17 +63,90 @@ def _describe_location(raw: Any, loc: list[Any]) -> str:
     return "field " + ".".join(str(x) for x in loc)
 
 
+Spec = TypeVar("Spec", GPUSpec, ModelSpec)
+PREFIX_MIN_CHARS = 3
+"""A shorter prefix ('h', 'l4') is never completed: it would match by accident."""
+_BOUNDARY = "-_./"
+"""A prefix completes an id or alias only where a component ends: 'h200' finds 'h200-sxm', 'llama-3.1-70' is not
+'llama-3.1-70b'."""
+
+
+@dataclass(frozen=True)
+class _Table(Generic[Spec]):
+    """Entries by id, and every id and alias folded to lower case with the ids it names (two for an
+    ambiguous alias)."""
+
+    by_id: dict[str, Spec]
+    names: dict[str, tuple[str, ...]]
+
+    @classmethod
+    def of(cls, entries: dict[str, Spec], section: str, where: Path, checked: set[str] | None = None) -> _Table[Spec]:
+        """The table; ``HardwareDBError`` (naming ``where``) for an alias of a ``checked`` entry (default: all)
+        given twice or equal to an id. An unchecked entry's alias that a user's id now takes is dropped."""
+        names: dict[str, tuple[str, ...]] = {i: (i,) for i in entries}
+        for entry in entries.values():
+            strict = checked is None or entry.id in checked
+            seen: set[str] = set()
+            for alias in entry.aliases:
+                key = alias.lower()
+                if key in entries and not strict:
+                    continue
+                if key in entries or key in seen:
+                    why = "is given twice" if key in seen else (
+                        f"is the id of {'this' if key == entry.id else 'another'} entry (ids match in any case already)")
+                    raise HardwareDBError(f"{where}: {section} (id {entry.id!r}) field aliases: {alias!r} {why}")
+                seen.add(key)
+                names[key] = (*names.get(key, ()), entry.id)
+        return cls(entries, names)
+
+    def find(self, kind: str, wanted: str) -> Spec:
+        """The entry ``wanted`` names: its id, the id in any case, an alias (any case), or a prefix that
+        ends a component of exactly one entry's id or alias. ``UnknownIdError`` (naming the closest
+        ids) when none does, ``AmbiguousIdError`` (naming each candidate) when several do."""
+        if wanted in self.by_id:
+            return self.by_id[wanted]
+        key = wanted.lower()
+        ids = self.names.get(key)
+        if ids is None and len(key) >= PREFIX_MIN_CHARS:
+            found = {i for name, named in self.names.items()
+                     if name.startswith(key) and name[len(key)] in _BOUNDARY for i in named}
+            ids = tuple(sorted(found)) or None
+        if ids is None:
+            raise UnknownIdError(kind, wanted, sorted(self.by_id))
+        if len(ids) > 1:
+            raise AmbiguousIdError(kind, wanted, sorted(ids))
+        return self.by_id[ids[0]]
+
+
+@dataclass(frozen=True)
+class _Database:
+    gpus: _Table[GPUSpec]
+    models: _Table[ModelSpec]
+
+    @classmethod
+    def of(cls, gpus: dict[str, GPUSpec], models: dict[str, ModelSpec], gpu_file: Path, model_file: Path,
+           checked: UserFile | None = None) -> _Database:
+        """Both tables; with ``checked`` (a user's file over the bundled data) only its entries' aliases are checked."""
+        return cls(_Table.of(gpus, "gpus", gpu_file, None if checked is None else {g.id for g in checked.gpus}),
+                   _Table.of(models, "models", model_file, None if checked is None else {m.id for m in checked.models}))
+
+
 @lru_cache(maxsize=8)
-def _bundled() -> tuple[dict[str, GPUSpec], dict[str, ModelSpec]]:
+def _bundled() -> _Database:
     gpus: GPUFile = _validate(GPU_FILE, _read(GPU_FILE), GPUFile)
     models: ModelFile = _validate(MODEL_FILE, _read(MODEL_FILE), ModelFile)
-    return {g.id: g for g in gpus.gpus}, {m.id: m for m in models.models}
+    return _Database.of({g.id: g for g in gpus.gpus}, {m.id: m for m in models.models}, GPU_FILE, MODEL_FILE)
 
 
 @lru_cache(maxsize=8)
-def _user(path: str, mtime: float) -> UserFile:
+def _with_user(path: str, mtime: float) -> _Database:
+    """The bundled database with the user's file over it; an alias rule the two break together is the
+    user file's error."""
     p = Path(path)
-    return _validate(p, _read(p), UserFile)
+    extra: UserFile = _validate(p, _read(p), UserFile)
+    base = _bundled()
+    return _Database.of({**base.gpus.by_id, **{g.id: g for g in extra.gpus}},
+                        {**base.models.by_id, **{m.id: m for m in extra.models}}, p, p, checked=extra)
 
 
 def _user_path(path: str | os.PathLike[str] | None) -> Path | None:
@@ -82,36 +160,34 @@ def _user_path(path: str | os.PathLike[str] | None) -> Path | None:
     return p
 
 
-def database(path: str | os.PathLike[str] | None = None) -> tuple[dict[str, GPUSpec], dict[str, ModelSpec]]:
-    """All GPUs and models: the bundled ones, overridden or extended by the user's file."""
-    gpus, models = _bundled()
+def _database(path: str | os.PathLike[str] | None) -> _Database:
     user = _user_path(path)
     if user is None:
-        return gpus, models
-    extra = _user(str(user.resolve()), user.stat().st_mtime)
-    return {**gpus, **{g.id: g for g in extra.gpus}}, {**models, **{m.id: m for m in extra.models}}
+        return _bundled()
+    return _with_user(str(user.resolve()), user.stat().st_mtime)
+
+
+def database(path: str | os.PathLike[str] | None = None) -> tuple[dict[str, GPUSpec], dict[str, ModelSpec]]:
+    """All GPUs and models by id: the bundled ones, overridden or extended by the user's file."""
+    db = _database(path)
+    return db.gpus.by_id, db.models.by_id
 
 
 def load_gpu(gpu_id: str, path: str | os.PathLike[str] | None = None) -> GPUSpec:
-    """The GPU with this id; ``UnknownIdError`` (naming the closest ids) if there is none."""
+    """The GPU this id names (see ``_Table.find``: an alias such as ``H200`` or a component prefix such
+    as ``h200`` finds ``h200-sxm``); ``UnknownIdError`` naming the closest ids if there is none."""
     if not isinstance(gpu_id, str):
         raise InputError("gpu", f"a GPU id is a string (see list_gpus()), got {type(gpu_id).__name__}")
-    gpus, _ = database(path)
-    try:
-        return gpus[gpu_id]
-    except KeyError:
-        raise UnknownIdError("GPU", gpu_id, sorted(gpus)) from None
+    return _database(path).gpus.find("GPU", gpu_id)
 
 
 def load_model(model_id: str, path: str | os.PathLike[str] | None = None) -> ModelSpec:
-    """The model with this id; ``UnknownIdError`` (naming the closest ids) if there is none."""
+    """The model this id names (see ``_Table.find``: a Hugging Face repo id such as
+    ``meta-llama/Llama-3.1-70B-Instruct`` finds ``llama-3.1-70b``); ``UnknownIdError`` naming the
+    closest ids if there is none."""
     if not isinstance(model_id, str):
         raise InputError("model", f"a model id is a string (see list_models()), got {type(model_id).__name__}")
-    _, models = database(path)
-    try:
-        return models[model_id]
-    except KeyError:
-        raise UnknownIdError("model", model_id, sorted(models)) from None
+    return _database(path).models.find("model", model_id)
 
 
 def list_gpus(path: str | os.PathLike[str] | None = None) -> list[str]:
@@ -123,6 +199,9 @@ def list_models(path: str | os.PathLike[str] | None = None) -> list[str]:
 
 
 def validate_file(path: str | os.PathLike[str]) -> UserFile:
-    """Validate a user hardware file without installing it (for tools and tests)."""
+    """Validate a user hardware file without installing it (for tools and tests): its schema, and its
+    aliases against its own entries."""
     p = Path(path)
-    return _validate(p, _read(p), UserFile)
+    user: UserFile = _validate(p, _read(p), UserFile)
+    _Database.of({g.id: g for g in user.gpus}, {m.id: m for m in user.models}, p, p)
+    return user

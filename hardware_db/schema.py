@@ -8,7 +8,7 @@ sympy formulas; the methods below only delegate, so there is one source of truth
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -16,6 +16,9 @@ WeightDtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "fp4", "fp32"]
 KVDtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "fp32"]
 
 SCHEMA_VERSION = 1
+Alias = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/\-]*$")]
+ALIASES_DOC = ("other names that resolve to this id, in any case (Hugging Face repo ids, common names); a name "
+               "two entries share is ambiguous, and asking for it lists both")
 
 
 class _Record(BaseModel):
@@ -51,6 +54,7 @@ class Efficiency(_Record):
 
 class GPUSpec(_Record):
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$", max_length=64)
+    aliases: tuple[Alias, ...] = Field(default=(), max_length=32, description=ALIASES_DOC)
     name: str
     vendor: str
     architecture: str
@@ -135,6 +139,7 @@ class MoESpec(_Record):
 
 class ModelSpec(_Record):
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$", max_length=64)
+    aliases: tuple[Alias, ...] = Field(default=(), max_length=32, description=ALIASES_DOC)
     name: str
     family: str = Field(description="Hugging Face model_type")
     hf_repo: str | None = None

@@ -82,7 +82,8 @@ def test_plan_length_spread_is_a_mean_and_cv():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["estimate", "llama-3.1-70b", "h100"], "unknown GPU id 'h100'; closest: "),
+    (["estimate", "llama-3.1-70b", "h100-sxn"], "unknown GPU id 'h100-sxn'; closest: h100-sxm"),
+    (["estimate", "llama-3.1-70b", "h100"], "ambiguous GPU id 'h100': it names h100-pcie, h100-sxm"),
     (["estimate", "llama-3.1-8b", "h100-sxm", "--isl", "-5"], "isl: Input should be greater than or equal to 1"),
     (["kv", "llama-3.1-8b", "--kv-dtype", "fp3"], "kv_dtype: "),
     (["plan", "llama-3.1-8b", "--rate", "1", "--ttft", "2x", "--tpot", "50ms"], "ttft: cannot read '2x'"),
