@@ -361,6 +361,12 @@ def test_an_unknown_model_offers_the_closest_ids_and_one_click_plans_it(browser)
     assert "model=llama-3.1-70b" in d.current_url
 
 
+def test_an_ambiguous_model_name_lists_the_models_it_names(browser):
+    d = plan_form(browser, "error", model="llama")
+    text = field_error(d, "model")
+    assert "llama" in text and "llama-3.1-70b" in text and "llama-2-7b" in text
+
+
 def test_an_unknown_gpu_from_a_link_is_shown_at_the_gpus(browser):
     d = browser.driver
     open_planner(d, f"{browser.base}/?model=llama-3.1-8b&gpus=h100&rate=1&isl=1000&osl=200&ttft_s=2&tpot_ms=50")

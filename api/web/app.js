@@ -303,7 +303,7 @@
       return;
     }
     if (err.status === 404 && body && Array.isArray(body.closest)) {
-      const gpu = /unknown GPU id '([^']*)'/.exec(body.detail);
+      const gpu = /\bGPU id '([^']*)'/.exec(body.detail);  // unknown or ambiguous; else it is the model's id
       if (gpu) {
         showFieldError("gpus", body.detail, body.closest, (id) => {
           const s = readForm();
