@@ -8,6 +8,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
@@ -32,6 +33,11 @@ from .results import (
 from .timing import Guard
 
 INSTALL_HINT = "pip install 'pdplan[bench]'"
+Progress = Callable[[int, int, str], None]
+"""``progress(done, total, step)``, called as each step of ``run`` begins (device ceilings, building
+a model, one sweep of a model's grid, the ceilings again, the fit) and once more at the end with
+``done == total``. The units are measured points (a matmul size or the copy, a grid point; one for
+a model build or the fit), so ``done / total`` follows the time."""
 
 
 class TorchMissingError(ImportError):
@@ -73,11 +79,12 @@ def _version(pkg: str) -> str:
 
 
 def run(quick: bool = False, device: str = "cpu", out_dir: Path | None = None, seed: int = 0,
-        threads: int | None = None) -> ValidationReport:
+        threads: int | None = None, progress: Progress | None = None) -> ValidationReport:
     """Measure ceilings and the benchmark models on ``device``, fit, predict, and (with ``out_dir``) write outputs.
 
     ``device`` is ``cpu``, ``cuda`` or ``auto`` (cuda when available). ``quick`` runs the reduced grid
-    (under a minute on a 2-core CPU). Raises ``TorchMissingError`` without torch/transformers.
+    (under a minute on a 2-core CPU). ``progress`` hears of each step (see ``Progress``). Raises
+    ``TorchMissingError`` without torch/transformers.
     """
     require_torch()
     import torch
@@ -96,20 +103,43 @@ def run(quick: bool = False, device: str = "cpu", out_dir: Path | None = None, s
         torch.set_num_threads(n_threads)
     grid = GRIDS[(device, quick)]  # type: ignore[index]
 
+    models = [BENCH_MODELS[name] for name in grid.models]
+    points = len(grid.prefill_points()) + len(grid.decode_points())
+    ceiling = len(grid.matmul_sizes) + 1
+    total, done = 2 * ceiling + len(models) * (1 + grid.sweeps * points) + 1, 0
+
+    def begin(what: str) -> None:
+        if progress is not None:
+            progress(done, total, what)
+
+    def end(units: int) -> None:
+        nonlocal done
+        done += units
+
+    begin("device ceilings")
     guard = Guard.for_device(device, max_wait_s=5.0 if quick else 30.0, dtype=model_dtype(device))
     ceilings = measure_ceilings(device, grid.matmul_sizes, grid.copy_bytes, n_threads, quick, guard)
-    models = [BENCH_MODELS[name] for name in grid.models]
-    benches = [ModelBench(m, grid, device, ceilings.dtype, seed) for m in models]
+    end(ceiling)
+    benches = []
+    for m in models:
+        begin(f"building {m.id}")
+        benches.append(ModelBench(m, grid, device, ceilings.dtype, seed))
+        end(1)
     for sweep in range(grid.sweeps):  # whole-grid sweeps, so that a stall of the machine hits one sweep of a point
         for bench in benches:
+            begin(f"sweep {sweep + 1}/{grid.sweeps} of {bench.m.id}")
             bench.sweep(guard, check_kv=sweep == 0)
+            end(points)
     measurements = [x for b in benches for x in b.measurements()]
     kv_checks = [k for b in benches for k in b.kv_checks]
     param_checks = [b.param_check for b in benches]
     for bench in benches:
         bench.close()
     # the ceilings again, after the models: a stall during the first measurement cannot lower them
+    begin("device ceilings again")
     ceilings = best_of(ceilings, measure_ceilings(device, grid.matmul_sizes, grid.copy_bytes, n_threads, quick, guard))
+    end(ceiling)
+    begin("fit and held-out error")
     stalls = None if guard.probe is None else Stalls(
         probe_baseline_s=guard.baseline_s, waited_s=guard.waited_s, remeasured=guard.remeasured,
         unstable=guard.unstable, timeouts=guard.timeouts)
@@ -118,6 +148,8 @@ def run(quick: bool = False, device: str = "cpu", out_dir: Path | None = None, s
     report = analyse(ceilings, models, measurements, kv_checks, param_checks, quick=quick, seed=seed,
                      date=dt.date.today().isoformat(), versions=versions, stalls=stalls)
     report = report.model_copy(update={"wall_s": time.perf_counter() - t0})
+    end(1)
+    begin("done")
     if out_dir is not None:
         from .report import write_outputs
 
