@@ -10,20 +10,23 @@ so that ``pdplan --help`` starts fast.
 from __future__ import annotations
 
 import errno
+import inspect
 import json
 import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Self, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 from typer.core import TyperGroup
+
+from .cli_tables import PIPE_WIDTH, Column, fit_table, pairs_table, stdout_console
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -45,13 +48,16 @@ EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 EXIT_CODES: tuple[tuple[int, str, str], ...] = (
     (EXIT_OK, "success", "the command did what was asked"),
-    (EXIT_INFEASIBLE, "no feasible plan", "`plan`: no deployment meets the SLO (with or without `--json`)"),
-    (EXIT_INPUT, "invalid input", ("an option or argument, a file (config.json, calibration YAML), an unknown model "
-                                   "or GPU id; `validate` without torch installed")),
+    (EXIT_INFEASIBLE, "infeasible", ("`plan`: no deployment meets the SLO; `evaluate`: the rate overloads the "
+                                            "deployment (with or without `--json` or `--csv`)")),
+    (EXIT_INPUT, "invalid input", ("an option or argument, a file (config.json, calibration YAML), an unknown or "
+                                   "ambiguous model or GPU id, a `--plot` file that is not .png or .svg or without "
+                                   "matplotlib installed; `validate` without torch installed")),
     (EXIT_HARDWARE_DB, "hardware database unreadable", ("the GPU/model YAML (`PDPLAN_HARDWARE_DB` or the bundled "
                                                         "files) is missing or invalid")),
-    (EXIT_OUTPUT, "output not writable", ("stdout is closed or full, or `validate --out` cannot be created or "
-                                          "written (checked before measuring)")),
+    (EXIT_OUTPUT, "output not writable", ("stdout is closed or full, a `--csv` or `--plot` file cannot be written, "
+                                          "or `validate --out` cannot be created or written (checked before "
+                                          "measuring)")),
     (EXIT_MEASUREMENT, "measurement failed", "`validate`: torch raised an error while measuring"),
     (EXIT_SERVER, "server failed", ("`serve`: uvicorn could not start or stopped on an error (its log says why, "
                                     "e.g. the port is in use)")),
@@ -62,8 +68,6 @@ EXIT_CODES: tuple[tuple[int, str, str], ...] = (
 )
 """Exit status, short meaning (``pdplan --help``), long meaning (docs/reference/cli.md)."""
 DEBUG_ENV = "PDPLAN_DEBUG"
-PIPE_WIDTH = 160
-"""Columns when stdout is not a terminal (a pipe, a file): wide enough that tables are not cut."""
 
 
 def exit_codes_text() -> str:
@@ -133,7 +137,9 @@ def _one_line(text: str) -> str:
 def _validation_message(e: Any) -> str:
     """``loc: msg`` of a pydantic ValidationError's first error."""
     first = e.errors()[0]
-    return f"{'.'.join(map(str, first['loc'])) or 'input'}: {first['msg']}"
+    msg = first["msg"].removeprefix("Value error, ")
+    loc = ".".join(map(str, first["loc"]))
+    return f"{loc}: {msg}" if loc else msg if re.match(r"^[\w.]+: ", msg) else f"input: {msg}"
 
 
 def classify(e: BaseException) -> tuple[int, str | None]:
@@ -239,15 +245,29 @@ app = typer.Typer(cls=_Group, help="pdplan: closed-form capacity planning for LL
 
 
 class _Out:
-    """stdout console resolved at print time, so a pipe gets full-width tables and a terminal its own."""
+    """stdout console resolved at print time (``cli_tables.console_width``), so a pipe gets
+    full-width tables, ``COLUMNS=80`` 80 columns and a terminal its own width."""
 
     def print(self, *objects: Any, **kwargs: Any) -> None:
-        Console(width=None if sys.stdout.isatty() else PIPE_WIDTH).print(*objects, **kwargs)
+        stdout_console().print(*objects, **kwargs)
+
+    @property
+    def width(self) -> int:
+        return stdout_console().width
+
+    def table(self, title: str | None, columns: list[Column], rows: list[list[str]]) -> None:
+        self.print(fit_table(title, columns, rows, self.width))
 
 
 out = _Out()
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the response as JSON")]
+CsvOpt = Annotated[str | None, typer.Option("--csv", metavar="FILE",
+                                            help="also write the rows as CSV to FILE; '-': to stdout, instead of "
+                                                 "the table")]
+PlotOpt = Annotated[Path | None, typer.Option("--plot", metavar="FILE", help="draw the result into FILE "
+                                                                             "(.png or .svg; needs matplotlib)")]
+ModelArg = Annotated[str, typer.Argument(help="model id, alias (a Hugging Face repo id) or a path to a config.json")]
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|µs|ms|s|m|min)?\s*$")
 _UNIT_S = {None: 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "m": 60.0, "min": 60.0}
 
@@ -325,12 +345,75 @@ def _ms(x: float | None) -> str:
     return "—" if x is None else f"{x * 1e3:,.2f} ms"
 
 
-def _table(title: str, columns: tuple[str, ...], left: tuple[str, ...]) -> Table:
-    t = Table(title=title)
-    for col in columns:
-        t.add_column(col, justify="left" if col in left else "right")
-    return t
+def _s(x: float | None) -> str:
+    """A latency in the unit that reads best: '34.8 ms', '1.746 s'."""
+    if x is None:
+        return "—"
+    return f"{x * 1e3:,.1f} ms" if x < 1 else f"{x:,.3f} s"
 
+
+def _sec(x: float | None) -> str:
+    return "—" if x is None else f"{x:,.3f} s"
+
+
+def _count(x: float | None) -> str:
+    """A rate or a count: three significant figures, thousands separated."""
+    if x is None:
+        return "—"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+# ------------------------------------------------------------------------------------------ outputs
+
+class _Outputs:
+    """Where a command's result goes: a table (the default), ``--json``, ``--csv FILE|-``, ``--plot FILE``.
+    The plot's suffix and matplotlib are checked before anything is computed."""
+
+    def __init__(self, as_json: bool, csv: str | None, plot: Path | None) -> None:
+        from .cli_export import STDOUT, check_plot
+        from .errors import InputError
+
+        if as_json and csv == STDOUT:
+            raise InputError("csv", "--csv - and --json both print to stdout; give --csv a file name")
+        check_plot(plot)
+        self.as_json, self.csv, self.plot = as_json, csv, plot
+        self.table = not as_json and csv != STDOUT
+
+    def note(self, text: str) -> None:
+        """A line about the output: on stdout under a table, on stderr when stdout carries JSON or CSV."""
+        if self.table:
+            out.print(escape(text), highlight=False)
+        else:
+            Console(stderr=True, width=PIPE_WIDTH).print(escape(text), highlight=False, soft_wrap=True)
+
+    def write(self, response: BaseModel, rows: Callable[[], tuple[list[str], list[list[Any]]]],
+              draw: Callable[[Path], None]) -> None:
+        """``--json``, ``--csv`` and ``--plot`` of ``response``: rows and the drawing come from the callables."""
+        from .cli_export import STDOUT, write_csv
+
+        if self.as_json:
+            _print_json(response)
+        if self.csv is not None:
+            with _writing("csv", self.csv):
+                write_csv(self.csv, *rows())
+            if self.csv != STDOUT:
+                self.note(f"wrote {self.csv}")
+        if self.plot is not None:
+            with _writing("plot", str(self.plot)):
+                draw(self.plot)
+            self.note(f"wrote {self.plot}")
+
+
+@contextmanager
+def _writing(option: str, path: str) -> Iterator[None]:
+    """Turns an OSError of writing ``path`` into the one-line 'output not writable' failure (exit 4)."""
+    try:
+        yield
+    except OSError as e:
+        raise CliFailure(EXIT_OUTPUT, f"{option}: cannot write {path} ({e.strerror or e})") from None
+
+
+# ------------------------------------------------------------------------------------------ database
 
 @app.command()
 def gpus(as_json: JsonOpt = False) -> None:
@@ -341,15 +424,14 @@ def gpus(as_json: JsonOpt = False) -> None:
     if as_json:
         _print_json(rows)
         return
-    t = _table(f"{len(rows)} GPUs (hardware_db/data/gpus.yaml)",
-               ("id", "name", "HBM GB", "TB/s", "bf16 TFLOP/s", "fp8 TFLOP/s", "scale-up GB/s", "$/h", "confidence"),
-               ("id", "name", "confidence"))
-    for g in rows:
-        t.add_row(g.id, g.name, f"{g.hbm_gb:g}", f"{g.hbm_bandwidth_tb_s:g}", f"{g.peak_tflops.bf16:g}",
-                  f"{g.peak_tflops.fp8:g}" if g.peak_tflops.fp8 else "—", f"{g.scaleup_bandwidth_gb_s:g}",
-                  f"{g.price_usd_per_hour:.2f}" + ("*" if g.price_is_assumption else ""), g.confidence)
-    out.print(t)
-    out.print("* assumed price (see price_note)")
+    out.table(f"{len(rows)} GPUs (hardware_db/data/gpus.yaml)", [
+        Column("id", left=True), Column("name", drop=4, left=True, text=True, wrap=True), Column("HBM GB"),
+        Column("TB/s"), Column("bf16 TFLOP/s", drop=1), Column("fp8 TFLOP/s", drop=3),
+        Column("scale-up GB/s", drop=5), Column("$/h", drop=2), Column("confidence", drop=6, left=True),
+    ], [[g.id, g.name, f"{g.hbm_gb:g}", f"{g.hbm_bandwidth_tb_s:g}", f"{g.peak_tflops.bf16:g}",
+         f"{g.peak_tflops.fp8:g}" if g.peak_tflops.fp8 else "—", f"{g.scaleup_bandwidth_gb_s:g}",
+         f"{g.price_usd_per_hour:.2f}" + ("*" if g.price_is_assumption else ""), g.confidence] for g in rows])
+    out.print("* assumed price (see price_note). Aliases (pdplan gpus --json) and id prefixes find an id too.")
 
 
 @app.command()
@@ -361,19 +443,21 @@ def models(as_json: JsonOpt = False) -> None:
     if as_json:
         _print_json(rows)
         return
-    t = _table(f"{len(rows)} models (hardware_db/data/models.yaml)",
-               ("id", "name", "params", "active", "layers", "heads q/kv", "KV B/token (bf16)", "context"), ("id", "name"))
-    for r in rows:
-        m = r.spec
-        t.add_row(m.id, m.name, f"{r.param_count / 1e9:,.2f} B", f"{r.active_param_count / 1e9:,.2f} B",
-                  str(m.num_layers), f"{m.num_attention_heads}/{m.num_kv_heads}", f"{r.kv_bytes_per_token_bf16:,.0f}",
-                  f"{m.max_position_embeddings:,}")
-    out.print(t)
+    out.table(f"{len(rows)} models (hardware_db/data/models.yaml)", [
+        Column("id", left=True), Column("name", drop=5, left=True, text=True, wrap=True), Column("params"),
+        Column("active", drop=2), Column("layers", drop=3), Column("heads q/kv", drop=3),
+        Column("KV B/token (bf16)", drop=1), Column("context", drop=4),
+    ], [[r.spec.id, r.spec.name, f"{r.param_count / 1e9:,.2f} B", f"{r.active_param_count / 1e9:,.2f} B",
+         str(r.spec.num_layers), f"{r.spec.num_attention_heads}/{r.spec.num_kv_heads}",
+         f"{r.kv_bytes_per_token_bf16:,.0f}", f"{r.spec.max_position_embeddings:,}"] for r in rows])
+    out.print("Aliases (Hugging Face repo ids, pdplan models --json) and id prefixes find an id too.")
 
+
+# ------------------------------------------------------------------------------------------ kv, estimate
 
 @app.command()
 def kv(
-    model: Annotated[str, typer.Argument(help="model id, or a path to a Hugging Face config.json")],
+    model: ModelArg,
     tokens: Annotated[int, typer.Option(help="context tokens per request")] = 4096,
     batch: Annotated[int, typer.Option(help="concurrent requests")] = 1,
     kv_dtype: Annotated[str, typer.Option(help="bf16, fp16, fp8, int8, int4")] = "bf16",
@@ -388,19 +472,37 @@ def kv(
     if as_json:
         _print_json(r)
         return
-    t = Table(title=f"KV cache of {r.model} ({r.kv_dtype})", show_header=False)
-    t.add_row("bytes per token (all layers)", f"{r.bytes_per_token:,.0f}")
-    t.add_row(f"one request at {r.context_tokens:,} tokens", _gb(r.bytes_per_request))
-    t.add_row(f"batch of {r.batch}", _gb(r.bytes_batch))
-    t.add_row(f"batch on one GPU at tp={r.tp}", _gb(r.bytes_per_gpu_batch))
-    t.add_row("formula", r.formula.latex)
-    out.print(t)
+    out.print(pairs_table(f"KV cache of {r.model} ({r.kv_dtype})", [
+        ("bytes per token (all layers)", f"{r.bytes_per_token:,.0f}"),
+        (f"one request at {r.context_tokens:,} tokens", _gb(r.bytes_per_request)),
+        (f"batch of {r.batch}", _gb(r.bytes_batch)),
+        (f"batch on one GPU at tp={r.tp}", _gb(r.bytes_per_gpu_batch)),
+        ("formula", r.formula.latex)]))
+
+
+def _estimate_request(p: dict[str, Any]) -> Any:
+    """The ``EstimateRequest`` of ``pdplan estimate``'s parameters (also the base of ``sweep estimate``)."""
+    from . import service as s
+
+    eff = None
+    if p["calibration"] is not None:
+        from .calibration import load_calibration
+        from .files import read_text_file
+        from .limits import MAX_CONFIG_BYTES
+
+        read_text_file(p["calibration"], "calibration", MAX_CONFIG_BYTES)  # refuses a FIFO, a device, a binary file
+        eff = load_calibration(p["calibration"])
+    return s.EstimateRequest(model=_model_ref(p["model"]), gpu=p["gpu"], tp=p["tp"], pp=p["pp"], isl=p["isl"],
+                             osl=p["osl"], batch=p["batch"], weight_dtype=p["weight_dtype"], kv_dtype=p["kv_dtype"],
+                             prefix_hit=p["prefix_hit"], gpu_memory_utilisation=p["gpu_memory_utilisation"],
+                             calibration=eff, rows=p["rows"])
 
 
 @app.command()
 def estimate(
-    model: Annotated[str, typer.Argument(help="model id, or a path to a Hugging Face config.json")],
-    gpu: Annotated[str, typer.Argument(help="GPU id (pdplan gpus)")],
+    ctx: typer.Context,
+    model: ModelArg,
+    gpu: Annotated[str, typer.Argument(help="GPU id or alias (pdplan gpus)")],
     tp: int = 1,
     pp: int = 1,
     isl: Annotated[int, typer.Option(help="prompt tokens")] = 1024,
@@ -409,6 +511,7 @@ def estimate(
     weight_dtype: str = "bf16",
     kv_dtype: str = "bf16",
     prefix_hit: Annotated[float, typer.Option(help="fraction of the prompt in the prefix cache")] = 0.0,
+    gpu_memory_utilisation: Annotated[float, typer.Option(help="share of HBM the engine may use")] = 0.9,
     calibration: Annotated[Path | None, typer.Option(help="calibration YAML from pdplan validate")] = None,
     rows: Annotated[bool, typer.Option(help="show the operator rows")] = True,
     as_json: JsonOpt = False,
@@ -416,109 +519,441 @@ def estimate(
     """Prefill (TTFT), decode step (TPOT), KV size and memory fit of one configuration."""
     from . import service as s
 
-    eff = None
-    if calibration is not None:
-        from .calibration import load_calibration
-        from .files import read_text_file
-        from .limits import MAX_CONFIG_BYTES
-
-        read_text_file(calibration, "calibration", MAX_CONFIG_BYTES)  # refuses a FIFO, a device, a binary file
-        eff = load_calibration(calibration)
-    r = s.run_estimate(s.EstimateRequest(model=_model_ref(model), gpu=gpu, tp=tp, pp=pp, isl=isl, osl=osl,
-                                         batch=batch, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-                                         prefix_hit=prefix_hit, calibration=eff, rows=rows))
+    r = s.run_estimate(_estimate_request(ctx.params))
     if as_json:
         _print_json(r)
         return
     e = r.estimate
     head = (f"{e.model} on {e.num_gpus} x {e.gpu} (tp={e.tp}, pp={e.pp}), isl={e.isl} osl={e.osl} batch={e.batch}, "
             f"{e.weight_dtype} weights, {e.kv_dtype} KV")
-    t = Table(title=head, show_header=False)
-    if not e.fits:
-        t.add_row("fits", f"[red]no[/]: {escape(e.reason or '')}")
-    else:
-        t.add_row("TTFT (prefill)", f"{_ms(e.ttft_s)}  ({e.prefill_bound}-bound)")
-        t.add_row("TPOT (decode step)", f"{_ms(e.tpot_s)}  ({e.decode_bound}-bound)")
-        t.add_row("E2E = TTFT + (osl-1) TPOT", f"{e.e2e_s:,.3f} s")
-        t.add_row("output tokens/s", f"{e.output_tokens_per_s:,.0f}")
-    t.add_row("weights per GPU", _gb(e.weights_bytes_per_gpu))
-    t.add_row("KV of the batch", _gb(e.kv_cache_bytes))
-    t.add_row("max batch that fits", f"{e.max_batch:,}")
-    out.print(t)
+    lines = [("fits", f"[red]no[/]: {escape(e.reason or '')}")] if not e.fits else [
+        ("TTFT (prefill)", f"{_ms(e.ttft_s)}  ({e.prefill_bound}-bound)"),
+        ("TPOT (decode step)", f"{_ms(e.tpot_s)}  ({e.decode_bound}-bound)"),
+        ("E2E = TTFT + (osl-1) TPOT", f"{e.e2e_s:,.3f} s"),
+        ("output tokens/s", f"{e.output_tokens_per_s:,.0f}")]
+    out.print(pairs_table(head, [*lines, ("weights per GPU", _gb(e.weights_bytes_per_gpu)),
+                                 ("KV of the batch", _gb(e.kv_cache_bytes)), ("max batch that fits", f"{e.max_batch:,}")]))
     if rows and e.rows:
-        ops = Table(title="operator groups (they add up to the phase times)")
-        for col in ("phase", "group", "GFLOP", "MB", "FLOP/B", "bound", "time", "formula"):
-            ops.add_column(col, justify="left" if col in ("phase", "group", "bound", "formula") else "right")
-        for row in e.rows:
-            ai = "—" if row.arithmetic_intensity is None else f"{row.arithmetic_intensity:,.1f}"
-            ops.add_row(row.phase, row.group, f"{row.flops / 1e9:,.2f}", f"{row.bytes / 1e6:,.1f}", ai, row.bound,
-                        _ms(row.time_s), row.formula)
-        out.print(ops)
+        out.table("operator groups (they add up to the phase times)", [
+            Column("phase", left=True), Column("group", left=True), Column("GFLOP", drop=2), Column("MB", drop=3),
+            Column("FLOP/B", drop=4), Column("bound", drop=1, left=True), Column("time"),
+            Column("formula", drop=5, left=True),
+        ], [[row.phase, row.group, f"{row.flops / 1e9:,.2f}", f"{row.bytes / 1e6:,.1f}",
+             "—" if row.arithmetic_intensity is None else f"{row.arithmetic_intensity:,.1f}", row.bound,
+             _ms(row.time_s), row.formula] for row in e.rows])
 
+
+# ------------------------------------------------------------------------------------------ plan, evaluate
 
 def _length(mean: int, cv: float) -> int | dict[str, float]:
     """A length distribution for the workload: a fixed length, or a mean with a coefficient of variation."""
     return {"mean": mean, "cv": cv} if cv else mean
 
 
+def _workload_and_slo(p: dict[str, Any], slo_required: bool = True) -> dict[str, Any]:
+    """The ``workload`` and ``slo`` fields of a plan or evaluate request from the shared options."""
+    workload = {"rate": p["rate"], "isl": _length(p["isl"], p["isl_cv"]), "osl": _length(p["osl"], p["osl_cv"]),
+                "prefix_hit": p["prefix_hit"]}
+    if not slo_required and p["ttft"] is None and p["tpot"] is None:
+        return {"workload": workload, "slo": None}
+    if p["ttft"] is None or p["tpot"] is None:
+        from .errors import InputError
+
+        raise InputError("ttft" if p["ttft"] is None else "tpot", "an SLO needs both --ttft and --tpot")
+    slo = {"ttft_s": parse_duration(p["ttft"], "ttft"), "tpot_s": parse_duration(p["tpot"], "tpot"),
+           "percentile": p["percentile"], "attainment": p["attainment"],
+           "itl_s": None if p["itl"] is None else parse_duration(p["itl"], "itl")}
+    return {"workload": workload, "slo": slo}
+
+
+def _plan_request(p: dict[str, Any]) -> Any:
+    """The ``PlanRequest`` of ``pdplan plan``'s parameters (also the base of ``sweep plan``)."""
+    from . import service as s
+
+    body = {"model": _model_ref(p["model"]), **_workload_and_slo(p), "gpus": p["gpu"] or None,
+            "modes": p["mode"] or None, "objective": p["objective"], "weight_dtype": p["weight_dtype"],
+            "kv_dtype": p["kv_dtype"], "whole_nodes": p["whole_nodes"], "scheduler": p["scheduler"]}
+    return s.PlanRequest.model_validate(body)
+
+
+RateOpt = Annotated[float, typer.Option(help="requests per second (Poisson)")]
+_KW = inspect.Parameter.KEYWORD_ONLY
+WORKLOAD_OPTIONS = tuple(inspect.Parameter(name, _KW, annotation=Annotated[kind, typer.Option(help=text)], default=default)
+                         for name, kind, default, text in (
+    ("isl", int, 1024, "mean prompt tokens"),
+    ("osl", int, 256, "mean output tokens"),
+    ("isl_cv", float, 0.0, "coefficient of variation of the prompt length"),
+    ("osl_cv", float, 0.0, "coefficient of variation of the output length"),
+    ("prefix_hit", float, 0.0, "fraction of the prompt in the prefix cache"),
+    ("percentile", float, 90.0, "SLO percentile"),
+    ("itl", str | None, None, "inter-token latency target (every gap), e.g. 200ms"),
+    ("attainment", str, "per_metric", "per_metric, or joint: p% of requests meet TTFT and TPOT together"),
+    ("scheduler", str, "hybrid", "mixed mode: hybrid (vLLM V1, SGLang, TensorRT-LLM) or prefill_first (vLLM V0)"),
+    ("weight_dtype", str, "bf16", "bf16, fp16, fp8, int8, int4, fp4, fp32"),
+    ("kv_dtype", str, "bf16", "bf16, fp16, fp8, int8, int4, fp32"),
+))
+"""The workload and SLO options that plan and evaluate share (read by ``_workload_and_slo``)."""
+Command = TypeVar("Command", bound=Callable[..., Any])
+
+
+def with_options(shared: tuple[inspect.Parameter, ...]) -> Callable[[Command], Command]:
+    """Declares ``shared`` options on a command, after its own: typer reads them from the signature,
+    and the command takes them in ``**shared`` (it reads every value from ``ctx.params``)."""
+    def declare(fn: Command) -> Command:
+        sig = inspect.signature(fn, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        out_params = [p for p in own if p.name in OUTPUT_OPTIONS]
+        params = [p for p in own if p.name not in OUTPUT_OPTIONS] + list(shared) + [
+            p.replace(kind=_KW) for p in out_params]
+        fn.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        fn.__annotations__ = {p.name: p.annotation for p in params} | {"return": sig.return_annotation}
+        return fn
+    return declare
+
+
+OUTPUT_OPTIONS = ("show_all", "as_json", "csv", "plot")
+"""Listed last in ``--help``, after the shared options."""
+
+
+def pool_label(d: Any) -> str:
+    """'h200-sxm tp4 ×7', 'h100-sxm tp4 ×7, chunk 512', 'P: h100-sxm tp4 ×3 | D: h200-sxm tp8 ×2'."""
+    def pool(p: Any) -> str:
+        return f"{p.gpu} tp{p.tp}" + (f" pp{p.pp}" if p.pp > 1 else "") + f" ×{p.instances}"
+
+    if d.mode == "disaggregated":
+        return f"P: {pool(d.prefill)} | D: {pool(d.decode)}"
+    return pool(d.pool) + (f", chunk {d.chunk_tokens}" if d.mode == "chunked" else "")
+
+
+RANK_KEYS = {"gpus": ("num_gpus", "cost_per_hour"), "cost": ("cost_per_hour", "num_gpus"),
+             "cost_per_token": ("cost_per_million_tokens", "num_gpus")}
+"""The planner's order for each objective (``optimizer.plan`` sorts by the same fields)."""
+RANK_TITLES = {"gpus": "fewest GPUs, then lowest $/h", "cost": "lowest $/h, then fewest GPUs",
+               "cost_per_token": "lowest $ per 1M tokens, then fewest GPUs"}
+SHOWN = 12
+"""Candidates in the table without ``--all``."""
+
+
+def ranked(plan: Any) -> list[Any]:
+    """The plan's candidates in the order of its objective. The plan lists the best of each mode first
+    (for the explanation); the table and the CSV rank them all alike."""
+    first, second = RANK_KEYS[plan.objective]
+    return sorted(plan.candidates, key=lambda c: (getattr(c, first), getattr(c, second)))
+
+
+def _slo_text(slo: Any) -> str:
+    """'TTFT p90 ≤ 2 s, TPOT p90 ≤ 50 ms' (with ITL and joint attainment when set)."""
+    p = f"p{slo.percentile:g}"
+    text = f"TTFT {p} ≤ {slo.ttft_s:g} s, TPOT {p} ≤ {slo.tpot_s * 1e3:g} ms"
+    if slo.itl_s is not None:
+        text += f", ITL {p} ≤ {slo.itl_s * 1e3:g} ms"
+    return text + (f" ({slo.percentile:g}% of requests meet both)" if slo.attainment == "joint" else "")
+
+
+def _best_line(plan: Any) -> str:
+    """The plan's headline with units on every figure and target."""
+    b, slo, p = plan.best, plan.slo, f"p{plan.slo.percentile:g}"
+    return (f"Best: {b.mode} {pool_label(b.deployment)} — {_gpus(b.num_gpus)}, ${b.cost_per_hour:,.2f}/h, "
+            f"${b.cost_per_million_tokens:,.2f} per 1M tokens; TTFT {p} {_sec(b.ttft_p_s)} (SLO {slo.ttft_s:g} s), "
+            f"TPOT {p} {_ms(b.tpot_p_s)} (SLO {slo.tpot_s * 1e3:g} ms); what binds: {b.binding}, "
+            f"utilisation {b.utilisation:.2f}.")
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU" + ("" if n == 1 else "s")
+
+
+def _gpu_notes(req: Any, plan: Any, order: list[Any], shown: int) -> list[str]:
+    """One line for each GPU type asked for by id that no row shown uses: where it ranks, or, when no
+    candidate the plan keeps uses it, why: the same plan on that GPU alone fails (its reason: it does
+    not fit, or a latency floor is above the SLO) or its best ranks below the kept candidates."""
+    from . import service as s
+
+    def uses(c: Any, gpu_id: str) -> bool:
+        return any(p.gpu == gpu_id for p in c.deployment.pools)
+
+    lines = []
+    for g in req.gpus or ():
+        gpu = s.resolve_gpu(g)
+        rank = next((i for i, c in enumerate(order, 1) if uses(c, gpu.id)), None)
+        if rank is not None:
+            if rank > shown:
+                lines.append(f"{gpu.id}: first at rank {rank}, {pool_label(order[rank - 1].deployment)} (--all lists it)")
+            continue
+        alone = s.run_plan(req.model_copy(update={"gpus": [gpu]})).plan
+        if alone.feasible and alone.best is not None:
+            b = alone.best
+            lines.append(f"{gpu.id}: no candidate among the {len(order)} the plan keeps; its best, {b.mode} "
+                         f"{pool_label(b.deployment)}, needs {_gpus(b.num_gpus)} (${b.cost_per_hour:,.2f}/h)")
+        else:
+            lines.append(f"{gpu.id}: no candidate; {alone.reason}")
+    return lines
+
+
 @app.command()
+@with_options(WORKLOAD_OPTIONS)
 def plan(
-    model: Annotated[str, typer.Argument(help="model id, or a path to a Hugging Face config.json")],
-    rate: Annotated[float, typer.Option(help="requests per second (Poisson)")],
+    ctx: typer.Context,
+    model: ModelArg,
+    rate: RateOpt,
     ttft: Annotated[str, typer.Option(help="TTFT target, e.g. 2s or 500ms")],
     tpot: Annotated[str, typer.Option(help="TPOT target, e.g. 50ms")],
-    isl: Annotated[int, typer.Option(help="mean prompt tokens")] = 1024,
-    osl: Annotated[int, typer.Option(help="mean output tokens")] = 256,
-    isl_cv: Annotated[float, typer.Option(help="coefficient of variation of the prompt length")] = 0.0,
-    osl_cv: Annotated[float, typer.Option(help="coefficient of variation of the output length")] = 0.0,
-    percentile: Annotated[float, typer.Option(help="SLO percentile")] = 90.0,
-    itl: Annotated[str | None, typer.Option(help="inter-token latency target (every gap), e.g. 200ms")] = None,
-    attainment: Annotated[str, typer.Option(help="per_metric, or joint: p% of requests meet TTFT and TPOT "
-                                                 "together")] = "per_metric",
-    scheduler: Annotated[str, typer.Option(help="mixed mode: hybrid (vLLM V1, SGLang, TensorRT-LLM) or "
-                                                "prefill_first (vLLM V0)")] = "hybrid",
     gpu: Annotated[list[str] | None, typer.Option(help="candidate GPU (repeat); default: all")] = None,
     mode: Annotated[list[str] | None, typer.Option(help="mixed, chunked, disaggregated (repeat)")] = None,
     objective: Annotated[str, typer.Option(help="gpus, cost or cost_per_token")] = "gpus",
-    weight_dtype: str = "bf16",
-    kv_dtype: str = "bf16",
-    prefix_hit: float = 0.0,
     whole_nodes: Annotated[bool, typer.Option(help="bill whole 8-GPU nodes")] = False,
+    show_all: Annotated[bool, typer.Option("--all", help=f"list every candidate (default: the best {SHOWN})")] = False,
     as_json: JsonOpt = False,
-) -> None:
+    csv: CsvOpt = None,
+    plot: PlotOpt = None,
+    **shared: Any,
+) -> int:
     """The deployment (mode, GPU, tp, instances) that meets the SLO at the rate, and why (exit 1: none does)."""
-    slo = {"ttft_s": parse_duration(ttft, "ttft"), "tpot_s": parse_duration(tpot, "tpot"), "percentile": percentile,
-           "attainment": attainment, "itl_s": None if itl is None else parse_duration(itl, "itl")}
     from . import service as s
+    from .cli_export import plan_rows, plot_plan
 
-    workload = {"rate": rate, "isl": _length(isl, isl_cv), "osl": _length(osl, osl_cv), "prefix_hit": prefix_hit}
-    r = s.run_plan(s.PlanRequest.model_validate({
-        "model": _model_ref(model), "workload": workload, "slo": slo, "gpus": gpu or None, "modes": mode or None,
-        "objective": objective, "weight_dtype": weight_dtype, "kv_dtype": kv_dtype, "whole_nodes": whole_nodes,
-        "scheduler": scheduler}))
-    if as_json:
-        _print_json(r)
-        if not r.plan.feasible:
-            raise typer.Exit(EXIT_INFEASIBLE)
-        return
-    out.print(escape(r.explanation), highlight=False)
-    if not r.plan.feasible:
-        if r.plan.nearest_feasible_slo is not None:
-            n = r.plan.nearest_feasible_slo
+    outputs = _Outputs(as_json, csv, plot)
+    req = _plan_request(ctx.params)
+    r = s.run_plan(req)
+    order = ranked(r.plan)
+    if outputs.table:
+        _print_plan(req, r, order, show_all)
+    outputs.write(r, lambda: plan_rows(order, pool_label), lambda path: plot_plan(r.plan, order, pool_label, path))
+    return EXIT_OK if r.plan.feasible else EXIT_INFEASIBLE
+
+
+def _print_plan(req: Any, r: Any, order: list[Any], show_all: bool) -> None:
+    plan = r.plan
+    out.print(escape(f"{plan.model} at {plan.workload.rate:g} req/s; SLO: {_slo_text(plan.slo)}"), highlight=False)
+    if not plan.feasible:
+        out.print(escape(r.explanation), highlight=False)
+        n = plan.nearest_feasible_slo
+        if n is not None:
             out.print(f"Nearest feasible SLO: TTFT {n.ttft_s:g} s, TPOT {n.tpot_s * 1e3:g} ms at p{n.percentile:g}")
-        raise typer.Exit(EXIT_INFEASIBLE)
-    t = Table(title=f"candidates (ranked by {r.plan.objective})")
-    for col in ("mode", "deployment", "GPUs", "$/h", f"TTFT p{percentile:g}", f"TPOT p{percentile:g}", "util",
-                "binds"):
-        t.add_column(col, justify="right" if col in ("GPUs", "$/h", "util") or col.startswith("T") else "left")
-    for c in r.plan.candidates[:12]:
-        pools = " + ".join(f"{p.instances}x {p.gpu} tp{p.tp}" for p in c.deployment.pools)
-        if c.mode == "chunked":
-            pools += f" (chunk {c.deployment.chunk_tokens})"
-        t.add_row(c.mode, pools, str(c.num_gpus), f"{c.cost_per_hour:,.2f}", f"{c.ttft_p_s:.3f} s",
-                  _ms(c.tpot_p_s), f"{c.utilisation:.2f}", c.binding)
-    out.print(t)
+        return
+    out.print(escape("\n".join([_best_line(plan), *r.explanation.splitlines()[1:]])), highlight=False)
+    shown = order if show_all else order[:SHOWN]
+    p = f"p{plan.slo.percentile:g}"
+    out.table(f"{len(shown)} of {len(order)} candidates shown ({'' if show_all else '--all shows every one; '}"
+              f"{plan.searched:,} configurations searched), ranked by {RANK_TITLES[plan.objective]}", [
+        Column("deployment", left=True), Column("GPUs"), Column(f"TTFT {p}"), Column(f"TPOT {p}"),
+        Column("$/h", drop=1), Column("$/1M tok", drop=2), Column("tok/s/user", drop=3), Column("tok/s/GPU", drop=3),
+        Column("util", drop=4), Column("mode", drop=5, left=True), Column("binds", drop=6, left=True, text=True),
+    ], [[pool_label(c.deployment), str(c.num_gpus), _sec(c.ttft_p_s), _ms(c.tpot_p_s), f"{c.cost_per_hour:,.2f}",
+         f"{c.cost_per_million_tokens:,.2f}", _count(c.tokens_per_s_per_user), _count(c.output_tokens_per_s_per_gpu),
+         f"{c.utilisation:.2f}", c.mode, c.binding] for c in shown])
+    for line in _gpu_notes(req, plan, order, len(shown)):
+        out.print(escape(line), highlight=False)
 
+
+PoolOpt = Annotated[str | None, typer.Option(metavar="GPU[:tpN][:ppN][:xN]",
+                                             help="the one pool of a mixed or chunked deployment, e.g. h200-sxm:tp4:x7")]
+_POOL_PART = re.compile(r"^(tp|pp|x)([0-9]+)$")
+
+
+def parse_pool(text: str, name: str, weight_dtype: str, kv_dtype: str) -> dict[str, Any]:
+    """A ``Pool``'s fields from 'h100-sxm:tp2:x3' (tp, pp and instances default to 1)."""
+    from .errors import InputError
+
+    gpu, *parts = text.split(":")
+    fields: dict[str, Any] = {"gpu": gpu, "weight_dtype": weight_dtype, "kv_dtype": kv_dtype}
+    for part in parts:
+        m = _POOL_PART.match(part)
+        if not gpu or m is None:
+            raise InputError(name, f"cannot read {text!r} as GPU[:tpN][:ppN][:xN] (e.g. h100-sxm:tp2:x3)")
+        fields[{"tp": "tp", "pp": "pp", "x": "instances"}[m.group(1)]] = int(m.group(2))
+    return fields
+
+
+def _evaluate_request(p: dict[str, Any]) -> Any:
+    """The ``EvaluateRequest`` of ``pdplan evaluate``'s parameters."""
+    from . import service as s
+    from .errors import InputError
+
+    dtypes = (p["weight_dtype"], p["kv_dtype"])
+    if (p["prefill"] is None) != (p["decode"] is None):
+        raise InputError("decode" if p["decode"] is None else "prefill", "a disaggregated deployment needs "
+                         "--prefill and --decode")
+    if p["prefill"] is not None:
+        if p["pool"] is not None:
+            raise InputError("pool", "give --pool (mixed, chunked) or --prefill and --decode (disaggregated)")
+        deployment = {"mode": "disaggregated", "prefill": parse_pool(p["prefill"], "prefill", *dtypes),
+                      "decode": parse_pool(p["decode"], "decode", *dtypes), "kv_link": p["kv_link"]}
+    elif p["pool"] is None:
+        raise InputError("pool", "give --pool GPU:tpN:xN (mixed, chunked) or --prefill and --decode")
+    else:
+        mode = p["mode"] or "mixed"
+        if mode not in ("mixed", "chunked"):
+            raise InputError("mode", f"--pool serves mixed or chunked, got {mode!r} (disaggregated: --prefill and "
+                                     "--decode)")
+        deployment = {"mode": mode, "pool": parse_pool(p["pool"], "pool", *dtypes), "scheduler": p["scheduler"],
+                      **({"chunk_tokens": p["chunk"]} if mode == "chunked" else {})}
+    return s.EvaluateRequest.model_validate({"model": _model_ref(p["model"]), "deployment": deployment,
+                                             **_workload_and_slo(p, slo_required=False)})
+
+
+@app.command()
+@with_options(WORKLOAD_OPTIONS)
+def evaluate(
+    ctx: typer.Context,
+    model: ModelArg,
+    rate: RateOpt,
+    pool: PoolOpt = None,
+    prefill: Annotated[str | None, typer.Option(metavar="GPU[:tpN][:ppN][:xN]",
+                                                help="disaggregated: the prefill pool")] = None,
+    decode: Annotated[str | None, typer.Option(metavar="GPU[:tpN][:ppN][:xN]",
+                                               help="disaggregated: the decode pool")] = None,
+    mode: Annotated[str | None, typer.Option(help="with --pool: mixed (default) or chunked")] = None,
+    chunk: Annotated[int, typer.Option(help="chunked: token budget per iteration")] = 2048,
+    kv_link: Annotated[str, typer.Option(help="disaggregated: scaleout (NIC) or scaleup")] = "scaleout",
+    ttft: Annotated[str | None, typer.Option(help="TTFT target, e.g. 2s (with --tpot: goodput and attainment)")] = None,
+    tpot: Annotated[str | None, typer.Option(help="TPOT target, e.g. 50ms")] = None,
+    as_json: JsonOpt = False,
+    csv: CsvOpt = None,
+    plot: PlotOpt = None,
+    **shared: Any,
+) -> int:
+    """TTFT/TPOT/ITL percentiles, utilisation and goodput of one deployment at the rate (POST /v1/evaluate;
+    exit 1: the rate overloads it)."""
+    from . import service as s
+    from .cli_export import evaluation_rows, plot_evaluation
+
+    outputs = _Outputs(as_json, csv, plot)
+    req = _evaluate_request(ctx.params)
+    e = s.run_evaluate(req)
+    if outputs.table:
+        _print_evaluation(req, e)
+    outputs.write(e, lambda: evaluation_rows(e), lambda path: plot_evaluation(e, req.slo, path))
+    return EXIT_OK if e.stable else EXIT_INFEASIBLE
+
+
+def _print_evaluation(req: Any, e: Any) -> None:
+    w = req.workload
+    out.print(escape(f"{req.deployment.mode} {pool_label(req.deployment)} ({_gpus(e.num_gpus)}) at {w.rate:g} req/s"
+                     + ("" if req.slo is None else f"; SLO: {_slo_text(req.slo)}")), highlight=False)
+    if not e.stable:
+        out.print(escape(f"Unstable at this rate: {e.reason} (binds: {e.binding})"), highlight=False)
+        return
+    slo = req.slo
+    facts = [("binds", f"{e.binding}, utilisation {e.utilisation:.2f}"),
+             ("mean TTFT, TPOT", f"{_sec(e.ttft_mean_s)}, {_ms(e.tpot_mean_s)}"),
+             ("decode batch per instance", _count(e.decode_batch))]
+    if req.deployment.mode == "disaggregated":
+        facts.append(("KV transfer per request", _ms(e.kv_transfer_s)))
+    if slo is not None:
+        facts.append(("goodput (SLO met up to)", f"{_count(e.goodput_rps)} req/s"))
+    if e.attainment is not None:
+        facts.append(("requests meeting TTFT and TPOT", f"{e.attainment:.1%}"))
+    out.print(pairs_table("", facts))
+    metrics = (("TTFT", e.ttft_by_percentile_s, _sec, None if slo is None else f"{slo.ttft_s:g} s"),
+               ("TPOT", e.tpot_by_percentile_s, _ms, None if slo is None else f"{slo.tpot_s * 1e3:g} ms"),
+               ("ITL", e.itl_by_percentile_s, _ms, None if slo is None or slo.itl_s is None else f"{slo.itl_s * 1e3:g} ms"))
+    out.table("latency percentiles", [Column("percentile", left=True)] + [
+        Column(name + ("" if target is None else f" (SLO {target})"), drop=2 if name == "ITL" else 0)
+        for name, _, _, target in metrics],
+        [[f"p{p}", *(fmt(table.get(p)) for _, table, fmt, _ in metrics)] for p in sorted(e.ttft_by_percentile_s)])
+
+
+# ------------------------------------------------------------------------------------------ sweep
+
+SWEEP_HEADERS = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E", "output_tokens_per_s": "tok/s",
+                 "kv_cache_bytes": "KV", "max_batch": "max batch", "fits": "fits", "num_gpus": "GPUs",
+                 "cost_per_hour": "$/h", "ttft_p_s": "TTFT {p}", "tpot_p_s": "TPOT {p}", "cost_per_million_tokens": "$/1M tok"}
+"""Table headers of the sweep series (the JSON and CSV keep the series' own names)."""
+
+
+SWEEP_OPTIONS = {"ttft_s": "ttft", "tpot_s": "tpot"}
+"""The command-line option of a swept input whose request name differs."""
+
+
+def _series_cell(name: str, x: float | None) -> str:
+    if x is None:
+        return "—"
+    if name.endswith("_s") and not name.endswith("_per_s"):
+        return _s(x)
+    if name.endswith("_bytes"):
+        return _gb(x)
+    if name == "fits":
+        return "yes" if x else "no"
+    return _count(x)
+
+
+def _take_outputs(args: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """``sweep``'s own --json, --csv FILE and --plot FILE wherever they stand among the base command's
+    arguments: the rest, and what was found."""
+    rest, found, i = [], {}, 0
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if name == "--json" and not eq:
+            found[name] = True
+        elif name in ("--csv", "--plot") and (eq or i + 1 < len(args)):
+            found[name] = value if eq else args[i + 1]
+            i += 0 if eq else 1
+        else:
+            rest.append(args[i])
+        i += 1
+    return rest, found
+
+
+def _parse_values(text: str) -> list[float]:
+    from .errors import InputError
+
+    try:
+        numbers = [float(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        numbers = []
+    if not numbers:
+        raise InputError("values", f"cannot read {text!r} as numbers separated by commas (e.g. 1,8,64)")
+    return numbers
+
+
+@app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+def sweep(
+    ctx: typer.Context,
+    target: Annotated[str, typer.Argument(metavar="estimate|plan", help="the command whose input is varied")],
+    vary: Annotated[str, typer.Option(help="the input to vary: estimate: isl, osl, batch, tp, pp, prefix_hit, "
+                                           "gpu_memory_utilisation; plan: rate, isl, osl, prefix_hit, ttft_s, tpot_s")],
+    values: Annotated[str, typer.Option(help="its values, separated by commas, e.g. 1,8,64")],
+    base: Annotated[list[str] | None, typer.Argument(metavar="ARGS...", help="that command's arguments and options")]
+    = None,
+    as_json: JsonOpt = False,
+    csv: CsvOpt = None,
+    plot: PlotOpt = None,
+) -> None:
+    """One input of estimate or plan varied over a list of values (POST /v1/sweep), e.g.
+    pdplan sweep --vary batch --values 1,8,64 estimate llama-3.1-8b h100-sxm --isl 2000."""
+    from . import service as s
+    from .cli_export import plot_sweep, sweep_rows
+    from .errors import InputError
+
+    builders = {"estimate": _estimate_request, "plan": _plan_request}
+    if target not in builders:
+        raise InputError("target", f"sweep varies estimate or plan, got {target!r}")
+    args, found = _take_outputs(list(base or []))
+    as_json, csv, plot = as_json or bool(found.get("--json")), csv or found.get("--csv"), plot or found.get("--plot")
+    option = "--" + SWEEP_OPTIONS.get(vary, vary).replace("_", "-")
+    numbers = _parse_values(values)
+    sweepable = s.ESTIMATE_SWEEPABLE if target == "estimate" else s.PLAN_SWEEPABLE
+    if vary in sweepable and option not in args and not any(a.startswith(option + "=") for a in args):
+        args += [option, f"{numbers[0]:g}"]  # the varied input need not be given: its first value stands in
+    command = ctx.parent.command.get_command(ctx.parent, target)  # type: ignore[union-attr]
+    with command.make_context(target, args, parent=ctx.parent) as sub:
+        p = sub.params
+    outputs = _Outputs(as_json, csv, None if plot is None else Path(plot))
+    r = s.run_sweep(s.SweepRequest(target=target, vary=vary, values=numbers,
+                                   **{target: builders[target](p)}))
+    if outputs.table:
+        names = list(r.series)
+        pct = f"p{p['percentile']:g}" if target == "plan" else ""
+        out.table(f"{target} over {vary}", [Column(vary, left=True)] + [
+            Column(SWEEP_HEADERS.get(n, n).replace("{p}", pct), drop=1 if n in ("fits", "max_batch", "kv_cache_bytes") else 0)
+            for n in names] + [Column("label", drop=2, left=True, text=True)],
+            [[f"{v:g}", *(_series_cell(n, r.series[n][i]) for n in names), r.labels[i] or "—"]
+             for i, v in enumerate(r.values)])
+    outputs.write(r, lambda: sweep_rows(r), lambda path: plot_sweep(r, path))
+
+
+# ------------------------------------------------------------------------------------------ serve, validate
 
 @app.command()
 def serve(
@@ -563,6 +998,32 @@ def prepare_out_dir(path: Path) -> None:
         raise CliFailure(EXIT_OUTPUT, f"out: {path}: cannot write there ({e.strerror or e})") from None
 
 
+class _ProgressBar:
+    """``microbench.run``'s progress on stderr: the step, a bar, the share done and the time left
+    (from the rate so far). Drawn only on a terminal; into a pipe it prints nothing."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+
+        console = console or Console(stderr=True)
+        self.shown = console.is_terminal
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                                 TimeRemainingColumn(), console=console, transient=True, disable=not self.shown)
+        self.task = self.progress.add_task("starting torch", total=None)
+
+    def __call__(self, done: int, total: int, step: str) -> None:
+        self.progress.update(self.task, completed=done, total=total, description=step)
+
+    def __enter__(self) -> Self:
+        if self.shown:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.shown:
+            self.progress.stop()
+
+
 @app.command()
 def validate(
     quick: Annotated[bool, typer.Option(help="reduced grid (under a minute on a 2-core CPU)")] = False,
@@ -572,7 +1033,8 @@ def validate(
     seed: int = 0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run the torch microbenchmark: measure a real transformer, calibrate, report held-out error."""
+    """Run the torch microbenchmark: measure a real transformer, calibrate, report held-out error
+    (a progress bar with the time left on stderr)."""
     if device not in ("auto", "cpu", "cuda"):
         from .errors import InputError
 
@@ -583,7 +1045,8 @@ def validate(
     from .microbench.cli import summary
 
     try:
-        report = microbench.run(quick=quick, device=device, out_dir=None, seed=seed)
+        with _ProgressBar() as bar:
+            report = microbench.run(quick=quick, device=device, out_dir=None, seed=seed, progress=bar)
     except microbench.TorchMissingError as e:
         raise CliFailure(EXIT_INPUT, str(e)) from None
     except RuntimeError as e:
