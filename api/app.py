@@ -16,7 +16,7 @@ from calculator.limits import MAX_BODY_BYTES
 from calculator.service import VersionInfo, version_info
 from hardware_db.loader import database
 
-from . import errors
+from . import docs_ui, errors
 from .body import add_body_schemas
 from .compute import Runner
 from .limits import BodySizeLimit
@@ -61,9 +61,11 @@ async def _serving(_: FastAPI) -> AsyncIterator[None]:
 def create_app(deadline_s: float | None = None, max_concurrent: int = 4) -> FastAPI:
     """The app; ``deadline_s`` bounds each plan, evaluate and sweep (default ``PDPLAN_DEADLINE_S`` or 5 s)."""
     app = FastAPI(title="pdplan", version=version_info().version, description=DESCRIPTION, lifespan=_serving,
-                  responses={413: {"model": errors.Detail, "description": f"body over {MAX_BODY_BYTES} bytes"}})
+                  responses={413: {"model": errors.Detail, "description": f"body over {MAX_BODY_BYTES} bytes"}},
+                  docs_url=None, redoc_url=None)  # docs_ui serves both pages with their assets, no CDN
     app.state.runner = Runner(deadline_s, max_concurrent)
     errors.install(app)
+    docs_ui.install(app)
     app.include_router(database_router.router)
     app.include_router(calculate.router)
     app.include_router(web.router)
