@@ -1,4 +1,5 @@
 // MathJax 3 for pymdownx.arithmatex (generic mode), re-typeset on every page of Material's instant navigation.
+// MathJax itself is shipped with the site (assets/vendor/mathjax, SVG output: no web fonts, nothing fetched).
 window.MathJax = {
   tex: {
     inlineMath: [["\\(", "\\)"]],
@@ -14,7 +15,8 @@ window.MathJax = {
 
 document$.subscribe(() => {
   if (window.MathJax && MathJax.startup && MathJax.typesetPromise) {
-    MathJax.startup.output.clearCache();
+    const output = MathJax.startup.output;  // SVG output: clearFontCache; CHTML output: clearCache
+    (output.clearFontCache || output.clearCache).call(output);
     MathJax.typesetClear();
     MathJax.texReset();
     MathJax.typesetPromise();
