@@ -999,16 +999,26 @@ def prepare_out_dir(path: Path) -> None:
 
 
 class _ProgressBar:
-    """``microbench.run``'s progress on stderr: the step, a bar, the share done and the time left
-    (from the rate so far). Drawn only on a terminal; into a pipe it prints nothing."""
+    """``microbench.run``'s progress on stderr: a spinner, the step, a bar, the share done, the time
+    elapsed and the time left (from the rate so far, updated as each step begins). Drawn only on a
+    terminal; into a pipe it prints nothing."""
 
     def __init__(self, console: Console | None = None) -> None:
-        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            Progress,
+            SpinnerColumn,
+            TaskProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         console = console or Console(stderr=True)
         self.shown = console.is_terminal
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-                                 TimeRemainingColumn(), console=console, transient=True, disable=not self.shown)
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                                 TimeElapsedColumn(), TextColumn("elapsed,"), TimeRemainingColumn(), TextColumn("left"),
+                                 console=console, transient=True, disable=not self.shown)
         self.task = self.progress.add_task("starting torch", total=None)
 
     def __call__(self, done: int, total: int, step: str) -> None:
