@@ -40,7 +40,7 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "tie": ("\\tau", "1 if the LM head shares the embedding matrix", "1"),
     "P_pos": ("P_{pos}", "rows of a learned position-embedding table", "rows"),
     "E": ("E", "routed experts per MoE layer", "experts"),
-    "k": ("k", "routed experts per token (top-k)", "experts"),
+    "k": ("k", "Weibull shape of a wait (1: exponential)", "1"),
     "E_s": ("E_{s}", "shared (always-on) experts", "experts"),
     "I_e": ("I_{e}", "expert intermediate size", "elements"),
     "beta_e": ("\\beta_{e}", "1 if expert linears have biases", "1"),
@@ -99,10 +99,14 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "t_d": ("t_{d}", "decode step time", "s"),
     "rho_p": ("\\rho_{p}", "fraction of time spent in prefill", "1"),
     "n_out": ("n_{out}", "output tokens per request", "tokens"),
+    "c_w2": ("c^{2}_{w}", "squared coefficient of variation of a wait, given that it is positive", "1"),
+    "theta_w": ("\\theta_{w}", "Weibull scale of a positive wait: its mean / Gamma(1 + 1/k)", "s"),
+    "N_a": ("N_{a}", "mean arrivals during one step", "requests"),
+    "m": ("m", "prompts that arrive per prompt's share of a step (lambda tau)", "1"),
     "TPOT": ("TPOT", "time per output token", "s"),
     "E_X2": ("E[X^{2]}", "second moment of one prompt's stall (the time its step(s) add to every running decode)", "s^2"),
     "E_inv_n": ("E[1/n]", "mean of 1 / (output tokens - 1) over requests", "1/tokens"),
-    "t_slope": ("t'_{d}", "decode step time added by one more sequence in the batch", "s"),
+    "t_slope": ("{t'_{d}}", "decode step time added by one more sequence in the batch", "s"),
     "B": ("B", "mean sequences decoding at once", "sequences"),
     "V_T": ("V_{T}", "variance of a request's TPOT", "s^2"),
     "z": ("z", "standard normal quantile of the percentile", "1"),
@@ -110,6 +114,8 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "t_b": ("t_{b}", "mean duration of a step that carries prompt work", "s"),
     "S_w": ("S_{w}", "time one prompt keeps the prompt queue busy", "s"),
     "Delta_B": ("\\Delta B", "rise of the decode batch while prompts are queued", "sequences"),
+    "k_g": ("k", "gamma shape", "1"),
+    "theta_g": ("\\theta", "gamma scale", "s"),
 }
 
 
@@ -770,6 +776,86 @@ wait_percentile = Formula(
 )
 
 
+def _wait_cv2_mg1(E_S: Any, W_q: Any, c_s2: Any, lambda_: Any) -> Any:
+    return E_S*lambda_*(E_S**3*lambda_*(c_s2 + 1)*(2*c_s2 + 1)/(-3*E_S*lambda_ + 3) + 2*W_q**2)/W_q**2 - 1
+
+
+wait_cv2_mg1 = Formula(
+    name="wait_cv2_mg1",
+    section="queueing and serving",
+    unit="1",
+    doc="Squared cv of an M/G/1 wait given that it is positive: Takacs' E[W^2] = 2 W_q^2 + lambda E[S^3] / (3 (1 - rho)) over P_w = rho, with E[S^3] = E[S]^3 (1 + c)(1 + 2c) (gamma moments). 1/3 for fixed service at light load (the wait is then the uniform rest of one prefill), 1 for exponential service.",
+    args=("E_S", "W_q", "c_s2", "lambda"),
+    latex="\\frac{E[S] \\lambda \\left(\\frac{E[S]^{3} \\lambda \\left(c^{2}_{s} + 1\\right) \\left(2 c^{2}_{s} + 1\\right)}{- 3 E[S] \\lambda + 3} + 2 W_{q}^{2}\\right)}{W_{q}^{2}} - 1",
+    fn=_wait_cv2_mg1,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _residual_cv2(c_s2: Any) -> Any:
+    return -1 + (8*c_s2 + 4)/(3*c_s2 + 3)
+
+
+residual_cv2 = Formula(
+    name="residual_cv2",
+    section="queueing and serving",
+    unit="1",
+    doc="Squared cv of the rest of a step in progress (length-biased residual), for steps of squared cv c with gamma moments: 1/3 for steps of one length, 1 for exponential ones.",
+    args=("c_s2",),
+    latex="-1 + \\frac{8 c^{2}_{s} + 4}{3 c^{2}_{s} + 3}",
+    fn=_residual_cv2,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _weibull_tail_quantile(P_w: Any, k: Any, p: Any, theta_w: Any) -> Any:
+    return theta_w*functools.reduce(numpy.maximum, [0, numpy.log(P_w/(1 - p))])**(k**(-1.0))
+
+
+weibull_tail_quantile = Formula(
+    name="weibull_tail_quantile",
+    section="queueing and serving",
+    unit="s",
+    doc="p-quantile of a wait that is positive with probability P_w and then Weibull of scale theta and shape k (k = 1 is the exponential wait_percentile; k > 1 a less variable wait).",
+    args=("P_w", "k", "p", "theta_w"),
+    latex="\\theta_{w} \\max\\left(0, \\log{\\left(\\frac{P_{w}}{1 - p} \\right)}\\right)^{\\frac{1}{k}}",
+    fn=_weibull_tail_quantile,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _prefill_step_batch(N_a: Any) -> Any:
+    return N_a + numpy.exp(-N_a)
+
+
+prefill_step_batch = Formula(
+    name="prefill_step_batch",
+    section="queueing and serving",
+    unit="requests",
+    doc="Mean prompts in a prefill step that takes every prompt that arrived during the step before, or the next arrival when none did: E[max(N, 1)] for N ~ Poisson(N_a).",
+    args=("N_a",),
+    latex="N_{a} + e^{- N_{a}}",
+    fn=_prefill_step_batch,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _step_batch_variance(N_a: Any, m: Any) -> Any:
+    return N_a/(1 - m**2)
+
+
+step_batch_variance = Formula(
+    name="step_batch_variance",
+    section="queueing and serving",
+    unit="requests^2",
+    doc="Variance of the prompts per prefill step when each step takes the arrivals of the one before (Poisson with mean lambda T(b), T(b) = T_0 + tau b): a branching process with immigration, Var = E[b] + m^2 Var.",
+    args=("N_a", "m"),
+    latex="\\frac{N_{a}}{1 - m^{2}}",
+    fn=_step_batch_variance,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
 def _mixed_tpot(rho_p: Any, t_d: Any) -> Any:
     return t_d/(1 - rho_p)
 
@@ -828,7 +914,7 @@ tpot_batch_variance = Formula(
     unit="s^2",
     doc="Variance of a request's TPOT from the decode batch it shares: the batch is Poisson (continuous batching is an M/G/infinity queue), and its average over one lifetime keeps 2/3 of the variance.",
     args=("B", "rho_p", "t_slope"),
-    latex="\\frac{2 B t'_{d}^{2}}{3 \\left(1 - \\rho_{p}\\right)^{2}}",
+    latex="\\frac{2 B {t'_{d}}^{2}}{3 \\left(1 - \\rho_{p}\\right)^{2}}",
     fn=_tpot_batch_variance,
     symbol_table=SYMBOL_TABLE,
 )
@@ -878,6 +964,22 @@ lognormal_quantile = Formula(
     args=("TPOT", "V_T", "z"),
     latex="\\frac{TPOT e^{z \\sqrt{\\log{\\left(1 + \\frac{V_{T}}{TPOT^{2}} \\right)}}}}{\\sqrt{1 + \\frac{V_{T}}{TPOT^{2}}}}",
     fn=_lognormal_quantile,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _gamma_quantile_wh(k_g: Any, theta_g: Any, z: Any) -> Any:
+    return theta_g*k_g*functools.reduce(numpy.maximum, [0, 1 - (1/9)/k_g + (1/3)*z/numpy.sqrt(k_g)])**3
+
+
+gamma_quantile_wh = Formula(
+    name="gamma_quantile_wh",
+    section="queueing and serving",
+    unit="s",
+    doc="p-quantile of a gamma(k, theta) by Wilson and Hilferty's cube-root normal approximation.",
+    args=("k_g", "theta_g", "z"),
+    latex="\\theta k \\max\\left(0, 1 - \\frac{1}{9 k} + \\frac{z}{3 \\sqrt{k}}\\right)^{3}",
+    fn=_gamma_quantile_wh,
     symbol_table=SYMBOL_TABLE,
 )
 
@@ -938,6 +1040,11 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     wait_probability,
     mean_queue_wait,
     wait_percentile,
+    wait_cv2_mg1,
+    residual_cv2,
+    weibull_tail_quantile,
+    prefill_step_batch,
+    step_batch_variance,
     mixed_tpot,
     littles_law_batch,
     tpot_stall_variance,
@@ -945,5 +1052,6 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     busy_batch_rise,
     token_weighted_tpot,
     lognormal_quantile,
+    gamma_quantile_wh,
     kv_transfer_time,
 )}

@@ -393,6 +393,48 @@ wait_percentile = _formula(
     "s",
     "p-quantile of the wait: an arrival waits with probability P_w, and then an exponential time of mean W_q/P_w.",
 )
+cw2 = _sym("c_w2", "squared coefficient of variation of a wait, given that it is positive", "1", r"c_w^2")
+k_wb = _sym("k", "Weibull shape of a wait (1: exponential)", "1")
+wait_cv2_mg1 = _formula(
+    "wait_cv2_mg1",
+    (2 * Wq**2 + lam * ES**3 * (1 + cs2) * (1 + 2 * cs2) / (3 * (1 - lam * ES))) * lam * ES / Wq**2 - 1,
+    "1",
+    "Squared cv of an M/G/1 wait given that it is positive: Takacs' E[W^2] = 2 W_q^2 + lambda E[S^3] / "
+    "(3 (1 - rho)) over P_w = rho, with E[S^3] = E[S]^3 (1 + c)(1 + 2c) (gamma moments). 1/3 for fixed "
+    "service at light load (the wait is then the uniform rest of one prefill), 1 for exponential service.",
+)
+residual_cv2 = _formula(
+    "residual_cv2",
+    4 * (1 + 2 * cs2) / (3 * (1 + cs2)) - 1,
+    "1",
+    "Squared cv of the rest of a step in progress (length-biased residual), for steps of squared cv c "
+    "with gamma moments: 1/3 for steps of one length, 1 for exponential ones.",
+)
+theta_wb = _sym("theta_w", "Weibull scale of a positive wait: its mean / Gamma(1 + 1/k)", "s", r"\theta_{w}")
+weibull_tail_quantile = _formula(
+    "weibull_tail_quantile",
+    theta_wb * sp.Max(0, sp.log(Pw / (1 - p_q))) ** (1 / k_wb),
+    "s",
+    "p-quantile of a wait that is positive with probability P_w and then Weibull of scale theta and shape k "
+    "(k = 1 is the exponential wait_percentile; k > 1 a less variable wait).",
+)
+N_arr = _sym("N_a", "mean arrivals during one step", "requests", "N_{a}")
+prefill_step_batch = _formula(
+    "prefill_step_batch",
+    N_arr + sp.exp(-N_arr),
+    "requests",
+    "Mean prompts in a prefill step that takes every prompt that arrived during the step before, or the "
+    "next arrival when none did: E[max(N, 1)] for N ~ Poisson(N_a).",
+)
+m_br = _sym("m", "prompts that arrive per prompt's share of a step (lambda tau)", "1")
+step_batch_variance = _formula(
+    "step_batch_variance",
+    N_arr / (1 - m_br**2),
+    "requests^2",
+    "Variance of the prompts per prefill step when each step takes the arrivals of the one before "
+    "(Poisson with mean lambda T(b), T(b) = T_0 + tau b): a branching process with immigration, "
+    "Var = E[b] + m^2 Var.",
+)
 mixed_tpot = _formula(
     "mixed_tpot",
     t_d / (1 - rho_p),
@@ -408,7 +450,7 @@ littles_law_batch = _formula(
 X2 = _sym("E_X2", "second moment of one prompt's stall (the time its step(s) add to every running decode)", "s^2",
           "E[X^2]")
 inv_n = _sym("E_inv_n", "mean of 1 / (output tokens - 1) over requests", "1/tokens", r"E[1/n]")
-t_slope = _sym("t_slope", "decode step time added by one more sequence in the batch", "s", r"t'_{d}")
+t_slope = _sym("t_slope", "decode step time added by one more sequence in the batch", "s", r"{t'_{d}}")
 B_sym = _sym("B", "mean sequences decoding at once", "sequences")
 var_sym = _sym("V_T", "variance of a request's TPOT", "s^2", "V_{T}")
 z_q = _sym("z", "standard normal quantile of the percentile", "1")
@@ -453,6 +495,14 @@ lognormal_quantile = _formula(
     tpot_sym * sp.exp(z_q * sp.sqrt(sp.log(1 + var_sym / tpot_sym**2)) - sp.log(1 + var_sym / tpot_sym**2) / 2),
     "s",
     "p-quantile of a lognormal with mean TPOT and variance V_T (a request's TPOT is a positive sum, skewed right).",
+)
+k_g = _sym("k_g", "gamma shape", "1", "k")
+theta_g = _sym("theta_g", "gamma scale", "s", r"\theta")
+gamma_quantile_wh = _formula(
+    "gamma_quantile_wh",
+    k_g * theta_g * sp.Max(0, 1 - 1 / (9 * k_g) + z_q / (3 * sp.sqrt(k_g))) ** 3,
+    "s",
+    "p-quantile of a gamma(k, theta) by Wilson and Hilferty's cube-root normal approximation.",
 )
 kv_transfer_time = _formula(
     "kv_transfer_time",

@@ -37,12 +37,11 @@ from .serving.base import (
     PoolModel,
     PrefillService,
     Scheduler,
-    queue_wait,
     rate_grid,
 )
 
 SCHEDULERS = ("hybrid", "prefill_first")
-from .serving.disaggregated import kv_move_s
+from .serving.disaggregated import kv_move_s, prefill_capacity, prefill_time
 from .serving.workload import SLO, Workload
 
 Objective = Literal["gpus", "cost", "cost_per_token"]
@@ -483,6 +482,8 @@ def _best_of_each_mode_first(cands: list[Candidate]) -> list[Candidate]:
 
 
 PARTNERS_PER_DECODE_POOL = 3
+PREFILL_BUDGET_TOKENS = int(Deployment.model_fields["max_batched_tokens"].default)
+"""The token budget of a prefill step the planner sizes prefill pools with (the engines' default)."""
 """Prefill pools kept per decode pool (the cheapest by the objective): the rest are dominated."""
 
 
@@ -522,18 +523,21 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
         service = PrefillService.of(p.pm, w, slo.p)
         if service.quantile_s >= slo.ttft_s:
             continue
-        _, wait_p = queue_wait(w.rate, service, n, slo.p)  # p-quantile wait for 1 ... N prefill instances
-        stable = w.rate * service.mean_s / n < 1
+        # p-quantile of arrival to end of prefill for 1 ... N prefill instances (batched steps)
+        _, prefill_q, busy = prefill_time(p.pm, w, w.rate, n, PREFILL_BUDGET_TOKENS, [slo.p])
+        prefill_q = prefill_q[..., 0]
+        stable = (busy < 1) & np.isfinite(prefill_q)
+        pool_rps = prefill_capacity(p.pm, w, PREFILL_BUDGET_TOKENS)
         for j, (dec, dec_pool, cap) in enumerate(decode_side):
             budget.check()
             searched += 1
             t_kv = kv_move_s(m, kv_bytes, p.pm, dec.pm, kv_link, False, service.mean_s)
-            ok = (wait_p + service.quantile_s + t_kv <= slo.ttft_s) & stable
+            ok = (prefill_q + t_kv <= slo.ttft_s) & stable
             if not ok.any():
                 continue
             pre_pool = _with_instances(p.pm.pool, int(n[np.argmax(ok)]), whole_nodes)
             key = price(p.pm, pre_pool.num_gpus) + price(dec.pm, dec_pool.num_gpus)
-            capacity = min(cap * dec_pool.instances, pre_pool.instances / service.mean_s)
+            capacity = min(cap * dec_pool.instances, pre_pool.instances * pool_rps)
             pairs.append((key, j, p, pre_pool, dec, dec_pool, capacity, t_kv))
     out: list[Candidate] = []
     kept: dict[int, int] = {}

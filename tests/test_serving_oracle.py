@@ -2,8 +2,8 @@
 
 p50 and p90 TTFT and TPOT must be within 10% of the simulation at utilisation <= 0.8 and within
 20% at 0.9, except the known gaps listed below (documented in the README and the validation page),
-which must stay within a factor 4 (at 0.9, where KV memory binds, the slot wait is up to 3.4x
-conservative), so they cannot quietly get worse. The simulation is seeded,
+which must stay within a factor 2.5 (the worst, -57%, is a median at 0.9 where about half the
+requests wait for a KV slot), so they cannot quietly get worse. The simulation is seeded,
 so the figures are repeatable.
 """
 
@@ -19,20 +19,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from serving_oracle import METRICS, cases, run  # noqa: E402
 
 KNOWN_GAPS = {
-    # a single long or short prompt at low load: the sum of the wait's and the length's quantiles
-    ("mixed", "chat", 0.3, "ttft90"), ("chunked", "chat", 0.3, "ttft90"),
-    # prefill pool batching at moderate load (TTFT p50 low, p90 conservative)
-    ("disaggregated", "chat", 0.6, "ttft50"), ("disaggregated", "chat", 0.8, "ttft90"),
-    ("disaggregated", "chat", 0.9, "ttft50"), ("disaggregated", "chat", 0.9, "ttft90"),
-    # KV memory binds (about 14 sequences of 6,000 tokens): the slot wait (M/G/c with Hayward's
-    # peakedness for lifetimes stretched together) is within ~20% at 0.8 and turns 2-3x conservative at 0.9
-    ("mixed", "long prompt", 0.6, "ttft90"), ("mixed", "long prompt", 0.8, "ttft90"),
-    ("mixed", "long prompt", 0.8, "tpot90"), ("chunked", "long prompt", 0.8, "ttft90"),
-    ("chunked", "long prompt", 0.8, "tpot90"),
-    ("mixed", "long prompt", 0.9, "ttft50"), ("mixed", "long prompt", 0.9, "ttft90"),
-    ("mixed", "long prompt", 0.9, "tpot90"), ("chunked", "long prompt", 0.9, "ttft50"),
-    ("chunked", "long prompt", 0.9, "ttft90"), ("chunked", "long prompt", 0.9, "tpot90"),
-    ("disaggregated", "long prompt", 0.9, "ttft50"), ("disaggregated", "long prompt", 0.9, "ttft90"),
+    # prefill pool batching (bulk steps) in the body of the distribution: the p90s agree, the median
+    # is +11% at 0.6 and -13% at 0.8 (a step holds one prompt or a burst, and the body sits between)
+    ("disaggregated", "chat", 0.6, "ttft50"), ("disaggregated", "chat", 0.8, "ttft50"),
+    # a prompt that waits behind one long (fixed-length) prompt: its wait is nearly the whole prompt
+    # more often than a Weibull of the M/G/1 wait's mean and variance says (-14%)
+    ("mixed", "long prompt", 0.6, "ttft90"),
+    # KV memory binds (about 14 sequences of 6,000 tokens): the slot wait is -20% (mixed) and +20%
+    # (chunked) at 0.8; at 0.9 the median sits where about half the requests wait for a slot, and the
+    # simulation's own median moves 2x with the seed
+    ("mixed", "long prompt", 0.8, "ttft90"), ("chunked", "long prompt", 0.8, "ttft90"),
+    ("mixed", "long prompt", 0.9, "ttft50"), ("chunked", "long prompt", 0.9, "ttft90"),
+    ("disaggregated", "long prompt", 0.9, "ttft50"),
 }
 
 
@@ -58,7 +56,7 @@ def test_closed_form_agrees_with_the_simulation(rows):
             key = (r.case.mode, r.case.workload, r.case.utilisation, k)
             err = r.error(k)
             if key in KNOWN_GAPS:
-                if abs(math.log1p(err)) > math.log(4.0):
+                if abs(math.log1p(err)) > math.log(2.5):
                     gaps_worse.append((key, f"{err:+.0%}"))
             elif abs(err) > bound:
                 outside.append((key, f"{err:+.0%}"))

@@ -345,14 +345,35 @@ def z_score(p: float) -> float:
     return NormalDist().inv_cdf(p)
 
 
+def erlang_c(offered, servers) -> np.ndarray:
+    """P(an arrival waits) in M/M/c: Erlang's C for offered load a = lambda E[S] on c servers (c
+    rounded to a whole number), by the Erlang-B recursion B_k = a B_(k-1) / (k + a B_(k-1)),
+    C = B_c / (1 - rho (1 - B_c)); 1 where rho >= 1."""
+    a, c = np.broadcast_arrays(np.asarray(offered, dtype=float), np.maximum(np.round(np.asarray(servers, dtype=float)), 1))
+    erlang_b = np.ones_like(a)
+    # beyond a + 12 sqrt(a) + 30 servers B is below 1e-30 (a Poisson tail): stop there, B -> 0
+    finite_a = a[np.isfinite(a)]
+    top = float(finite_a.max()) if finite_a.size else 0.0
+    last = int(min(c.max() if c.size else 0, math.ceil(top + 12 * math.sqrt(top) + 30)))
+    for k in range(1, last + 1):
+        erlang_b = np.where(k <= c, a * erlang_b / (k + a * erlang_b), erlang_b)
+    erlang_b = np.where(c > last, 0.0, erlang_b)
+    rho = a / c
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(rho < 1, erlang_b / (1 - rho * (1 - erlang_b)), 1.0)
+
+
 def queue_wait(rate, service: PrefillService, servers, p: float, batched=False) -> tuple[np.ndarray, np.ndarray]:
     """(mean wait, p-quantile of the wait) of an M/G/c queue; inf when rho >= 1. ``batched``: queued
     prompts share a step with those that arrive while they wait (the wait stretches by 1 + rho)."""
     rate = np.asarray(rate, dtype=float)
     args = {"lambda": rate, "E_S": service.mean_s, "c_s2": service.cs2, "c_srv": servers}
     rho = f.server_utilisation(args)
-    wq = np.where(rho < 1, f.mean_queue_wait(args), np.inf) * np.where(batched, 1 + rho, 1.0)
-    pw = f.wait_probability(args)
+    # Allen-Cunneen's wait with the exact Erlang-C P_w in place of Sakasegawa's (which overstates it
+    # for a few servers at light load: 0.16 against 0.12 for c = 2 at rho 0.28)
+    approx = np.maximum(np.asarray(f.wait_probability(args), dtype=float), 1e-300)
+    pw = erlang_c(rate * service.mean_s, servers)
+    wq = np.where(rho < 1, f.mean_queue_wait(args) * pw / approx, np.inf) * np.where(batched, 1 + rho, 1.0)
     wp = np.where(rho < 1, f.wait_percentile(W_q=np.where(rho < 1, wq, 0), P_w=np.maximum(pw, 1e-300), p=p), np.inf)
     return wq, wp
 
@@ -360,13 +381,15 @@ def queue_wait(rate, service: PrefillService, servers, p: float, batched=False) 
 def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=None) -> tuple[np.ndarray, np.ndarray]:
     """(mean, p-quantile) of a prompt's wait for its own step on an instance that also decodes.
 
-    An arrival finds a prompt step running with probability P_w (it then waits as in M/G/1: an
-    exponential time of mean W_q / P_w), else a decode step of ``step_s``, whose rest it waits out
-    (uniform). So P(wait > x) = (1 - P_w) max(0, 1 - x / t_d) + P_w exp(-x P_w / W_q), solved for
-    the p-quantile (closed form beyond one decode step, Newton's method within it). ``batched`` (a bool array): prompts that queued are served in one
-    step with those that arrived while they waited, which stretches a waiting prompt's time by
-    (1 + rho) on average. ``busy_s``: how long one prompt keeps the queue busy when that exceeds its
-    work (chunked: a prompt's last, part-filled step), which sets P_w = lambda busy_s.
+    An arrival finds a prompt step running with probability P_w (it then waits as in M/G/1), else a
+    decode step of ``step_s``, whose rest it waits out (uniform). The M/G/1 wait, given that it is
+    positive, is a Weibull of mean W_q / P_w whose shape matches its variability (``wait_cv2_mg1``:
+    near uniform, the rest of one prompt, at light load with prompts of one length; exponential
+    with exponential prompts or at heavy load); ``mixture_quantile`` solves for the p-quantile.
+    ``batched`` (a bool array): prompts that queued are served in one step with those that arrived
+    while they waited, which stretches a waiting prompt's time by (1 + rho) on average. ``busy_s``:
+    how long one prompt keeps the queue busy when that exceeds its work (chunked: a prompt's last,
+    part-filled step), which sets P_w = lambda busy_s.
     """
     rate = np.asarray(rate, dtype=float)
     args = {"lambda": rate, "E_S": service.mean_s, "c_s2": service.cs2, "c_srv": 1}
@@ -375,12 +398,19 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
     wq = np.where(ok, f.mean_queue_wait(args), np.inf) * np.where(batched, 1 + rho, 1.0)
     pw = np.clip(np.asarray(f.wait_probability(args), dtype=float), 1e-12, 1.0)
     theta = np.where(ok, wq / pw, 1.0)
+    # the shape of a positive wait: nearly uniform (the rest of one prompt) at light load with prompts
+    # of one length, exponential at heavy load or with exponential prompts
+    cv2 = np.where(ok, f.wait_cv2_mg1({**args, "W_q": np.where(ok & (wq > 0), wq / np.where(batched, 1 + rho, 1.0),
+                                                                1.0)}), 1.0)
     if busy_s is not None:
+        # chunked prompts that hold the queue beyond their work: a queued one starts in its
+        # predecessor's last, part-filled step, so its wait is not the rest of one prompt (exponential)
+        cv2 = np.where(np.asarray(busy_s) > service.mean_s * (1 + 1e-9), 1.0, cv2)
         pw = np.clip(rate * busy_s, pw, 1.0)
         ok = ok & (pw < 1)
     t_d = np.maximum(np.asarray(step_s, dtype=float), 1e-12)
     mean = (1 - pw) * t_d / 2 + wq
-    return np.where(ok, mean, np.inf), np.where(ok, mixture_quantile(pw, theta, t_d, p), np.inf)
+    return np.where(ok, mean, np.inf), np.where(ok, mixture_quantile(pw, theta, t_d, p, cv2), np.inf)
 
 
 def excess_sum(e1, e2) -> np.ndarray:
@@ -392,22 +422,39 @@ def excess_sum(e1, e2) -> np.ndarray:
         return np.where((e1 > 0) & (e2 > 0), np.hypot(e1, e2), e1 + e2)
 
 
-def mixture_quantile(pw, theta, t_d, p: float) -> np.ndarray:
-    """p-quantile of a wait that is exponential (mean ``theta``) with probability ``pw`` and else
-    uniform over one decode step ``t_d``: P(W > x) = (1 - pw) max(0, 1 - x / t_d) + pw exp(-x / theta)."""
+def mixture_quantile(pw, theta, t_d, p: float, cv2=1.0) -> np.ndarray:
+    """p-quantile of a wait that is, with probability ``pw``, Weibull of mean ``theta`` and squared cv
+    ``cv2`` (1: exponential), and else uniform over one decode step ``t_d``:
+    P(W > x) = (1 - pw) max(0, 1 - x / t_d) + pw exp(-(x / scale)^k).
+
+    Beyond one decode step only the Weibull part is left (``weibull_tail_quantile``); within it the
+    quantile is found by bisection (the tail is decreasing)."""
     pw, theta, t_d = (np.asarray(a, dtype=float) for a in (pw, theta, t_d))
-    theta = np.maximum(theta, 1e-12)
-    # beyond one decode step only the exponential part is left: closed form
-    x = theta * np.log(np.maximum(pw / (1 - p), 1.0))
+    k, inv_gamma = weibull_shape(cv2)
+    scale = np.maximum(theta, 1e-12) * inv_gamma
+    x = np.asarray(f.weibull_tail_quantile(theta_w=scale, k=k, P_w=pw, p=p), dtype=float)
     inside = x < t_d
-    if np.any(inside):  # within a decode step: Newton from 0 (the tail is convex and decreasing)
-        y = np.zeros_like(x)
-        for _ in range(NEWTON_STEPS):
-            g = (1 - pw) * np.maximum(0.0, 1 - y / t_d) + pw * np.exp(-y / theta) - (1 - p)
-            dg = -(1 - pw) / t_d - pw / theta * np.exp(-y / theta)
-            y = np.clip(y - g / dg, 0.0, t_d)
-        x = np.where(inside, y, x)
+    if np.any(inside):
+        lo, hi = np.zeros_like(x), np.broadcast_to(t_d, x.shape).copy()
+        for _ in range(BISECTION_STEPS):
+            y = (lo + hi) / 2
+            g = (1 - pw) * np.maximum(0.0, 1 - y / t_d) + pw * np.exp(-((y / scale) ** k)) - (1 - p)
+            lo, hi = np.where(g > 0, y, lo), np.where(g > 0, hi, y)
+        x = np.where(inside, (lo + hi) / 2, x)
     return x
+
+
+_WEIBULL_K = np.geomspace(0.5, 12.0, 200)
+_WEIBULL_INV_GAMMA = np.array([1 / math.gamma(1 + 1 / k) for k in _WEIBULL_K])
+_WEIBULL_CV2 = np.array([math.gamma(1 + 2 / k) / math.gamma(1 + 1 / k) ** 2 - 1 for k in _WEIBULL_K])
+
+
+def weibull_shape(cv2) -> tuple[np.ndarray, np.ndarray]:
+    """(shape k, 1 / Gamma(1 + 1/k)) of the Weibull with squared cv ``cv2`` (clipped to 0.01 ... 3):
+    its scale is the mean times the second value. cv2 = Gamma(1 + 2/k) / Gamma(1 + 1/k)^2 - 1."""
+    c = np.clip(np.nan_to_num(np.asarray(cv2, dtype=float), nan=1.0), 0.01, 3.0)
+    k = np.interp(c, _WEIBULL_CV2[::-1], _WEIBULL_K[::-1])
+    return k, np.interp(k, _WEIBULL_K, _WEIBULL_INV_GAMMA)
 
 
 def seen(grid: np.ndarray, table: np.ndarray) -> np.ndarray:
@@ -492,30 +539,87 @@ def inverse_osl(w: Workload) -> float:
     return float(np.sum(weights / gaps))
 
 
-def admission_wait(lam, batch, limit: float, life_s, life_cs2, p: float, peakedness=1.0
+def admission_wait(lam, batch, limit, hold_s, hold_cs2, p: float, hold_slope_s=0.0, hold_full_s=None
                    ) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, p-quantile) of the wait for a batch slot (KV memory or the batch cap): an M/G/c queue
-    whose c = floor(limit) servers are the slots and whose service is a request's time in the batch.
+    """(mean, p-quantile) of the wait for a batch slot (KV memory or the batch cap); see ``SlotQueue``."""
+    q = SlotQueue.of(lam, batch, limit, hold_s, hold_cs2, hold_slope_s, hold_full_s)
+    return q.mean_s, q.quantile_s(p)
 
-    Lifetimes are not independent: a burst of prompts stretches every running sequence at once, so
-    the batch is peaked (variance z times its mean, z = ``peakedness``). Hayward's approximation
-    treats peaked traffic a on c servers as Poisson traffic a / z on c / z servers (the same wait).
+
+@dataclass(frozen=True)
+class SlotQueue:
+    """The queue for a batch slot (KV memory or the batch cap) as a birth-death process whose death
+    rate follows the load.
+
+    With n sequences running a request holds its slot hold(n) = hold + hold_slope (n - B): every
+    sequence more slows every step (B the mean batch, ``hold_s`` the mean hold). A request waits only
+    when all c = ``limit`` slots are taken, and then the batch runs full, at ``hold_full_s``: the
+    TPOT ceiling of a full batch, where prompts start only as sequences leave. So the waits are set
+    by the slow full batch, not by the mean hold; a queue at a fixed mean hold (M/G/c) misses this
+    and under-predicts waits near the cap by about half. The occupancy is product form,
+    pi(n) ~ prod_k lambda hold(k) / k, with a geometric queue beyond c at ratio r = lambda hold_full
+    / c; an arrival waits with P_w = P(N >= c), then an exponential time of mean
+    (1 + c_s^2) / 2 / (c / hold_full - lambda) (Allen-Cunneen's factor for less variable holds).
+    A fractional c (the KV memory holds c sequences of the mean length) interpolates between its
+    two neighbouring integers.
     """
-    z = np.maximum(np.asarray(peakedness, dtype=float), 1.0)
-    c = np.maximum(np.floor(limit), 1.0) / z
-    lam = np.asarray(lam, dtype=float) / z
-    life = np.where(np.isfinite(life_s), life_s, 0.0)
-    args = {"lambda": lam, "E_S": life, "c_s2": life_cs2, "c_srv": c}
-    rho = lam * life / c
-    ok = rho < 1
-    wq = np.where(ok, f.mean_queue_wait({**args, "lambda": np.where(ok, lam, 0.0)}), np.inf)
-    pw = np.where(ok, f.wait_probability({**args, "lambda": np.where(ok, lam, 0.0)}), 1.0)
-    wp = np.where(ok, f.wait_percentile(W_q=np.where(ok, wq, 0), P_w=np.maximum(pw, 1e-300), p=p), np.inf)
-    return wq, wp
+
+    mean_s: np.ndarray
+    wait_probability: np.ndarray
+    wait_given_wait_s: np.ndarray
+
+    def quantile_s(self, p: float) -> np.ndarray:
+        ok = np.isfinite(self.mean_s)
+        pw = np.where(ok, self.wait_probability, 1.0)
+        q = f.wait_percentile(W_q=np.where(ok, pw * self.wait_given_wait_s, 0.0), P_w=np.maximum(pw, 1e-300), p=p)
+        return np.where(ok, q, np.inf)
+
+    @classmethod
+    def of(cls, lam, batch, limit, hold_s, hold_cs2, hold_slope_s=0.0, hold_full_s=None) -> SlotQueue:
+        arrays = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (
+            lam, batch, limit, hold_s, hold_cs2, hold_slope_s, hold_s if hold_full_s is None else hold_full_s)))
+        lam, batch, c, hold, cs2, slope, full = (a.reshape(-1) for a in arrays)
+        shape = arrays[0].shape
+        c = np.maximum(c, 1.0)
+        full = np.maximum(full, hold)
+        finite = np.isfinite(hold) & np.isfinite(full) & np.isfinite(batch)
+        stable = finite & (lam * full < c)
+        # only loads whose full-batch occupancy could reach the cap need the sum over states
+        rho_full = np.where(finite, lam * full / c, 0.0)
+        live = stable & (rho_full ** (np.sqrt(2 * (c + 1)) - 1) > 1e-7)
+        pw = np.zeros_like(lam)
+        theta = np.where(stable, (1 + cs2) / 2 / np.maximum(c / np.where(finite, full, 1.0) - lam, 1e-300), np.inf)
+        if live.any():
+            pw[live] = _slot_wait_probability(lam[live], batch[live], c[live], hold[live], slope[live], full[live])
+        wq = np.where(stable, pw * theta, np.inf)
+        return cls(wq.reshape(shape), pw.reshape(shape), theta.reshape(shape))
 
 
-NEWTON_STEPS = 6
-"""Newton steps for a wait quantile within one decode step (the tail is convex: they converge from 0)."""
+def _slot_wait_probability(lam, batch, c, hold, slope, full) -> np.ndarray:
+    """P(all slots taken) of ``SlotQueue`` for 1-d arrays of entries (vectorised over the states)."""
+    m_lo = np.floor(c)
+    frac = c - m_lo
+    k = np.arange(1.0, float(m_lo.max()) + 2.0)  # states 1 ... max(m_lo) + 1
+    hold_k = np.clip(hold[:, None] + slope[:, None] * (k[None, :] - batch[:, None]), 1e-12, full[:, None])
+    log_pi = np.concatenate([np.zeros((lam.size, 1)), np.cumsum(np.log(lam[:, None] * hold_k / k[None, :]), axis=1)],
+                            axis=1)  # log pi(0 ... max + 1), unnormalised, at the linear holds
+    shift = log_pi.max(axis=1, keepdims=True)
+    prefix = np.cumsum(np.exp(log_pi - shift), axis=1)  # prefix[:, j] = sum of pi(0 ... j)
+    out = []
+    for m in (m_lo, m_lo + 1):
+        j = m.astype(int)
+        rows = np.arange(lam.size)
+        # the m-th slot is taken at the full-batch hold, and so is every queued state
+        log_pm = log_pi[rows, j - 1] + np.log(lam * full / m) - shift[:, 0]
+        r = lam * full / m
+        tail = np.exp(log_pm) / np.maximum(1 - r, 1e-300)
+        below = prefix[rows, j - 1]
+        out.append(np.where(r < 1, tail / (below + tail), 1.0))
+    return (1 - frac) * out[0] + frac * out[1]
+
+
+BISECTION_STEPS = 18
+"""Bisection steps for a wait quantile within its bracket (to 4e-6 of it)."""
 ATTAINMENT_LEVELS = np.array([0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999])
 """Percentile levels at which the TTFT distribution is tabulated for joint attainment."""
 

@@ -30,7 +30,7 @@ from .base import (
     ModeArrays,
     PoolModel,
     PrefillService,
-    admission_wait,
+    SlotQueue,
     first_root,
     interp_rows,
     mixture_quantile,
@@ -168,6 +168,8 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     b_cap = np.minimum(batch, limit)
     cv2 = w.isl.cv**2
     tpot_var, tpot_p = tpot_tail(tpot, rho_x, lam, x_mean, cv2, w, slope, b_cap, p)
+    tpot_full = full_batch_tpot(t_d, slope, b_cap, limit, x_mean, w.osl.mean)
+    tpot_p = np.minimum(tpot_p, tpot_full)
 
     # TTFT: the prompt queue (M/G/1, a prompt's whole time as service), the residual of the step in
     # progress, a batch slot (KV memory / batch cap) and the prompt's own time
@@ -181,13 +183,10 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
         own_mean = (1 - pw) * s_mean + pw * queued_s[0]
         own_p = np.where(pw > 1 - p, np.maximum(s_q, queued_s[1]), s_q)
     hold = life + own_mean  # a slot is held from the prompt's first step to its last token
-    # a lifetime varies as the TPOT does, in common with the sequences it overlaps (the same prompt
-    # steps stall them all; two lifetimes that meet share half of them on average): the batch's
-    # peakedness is 1 + a cv^2 / 2, a = lambda hold the offered slots
     life_cv2 = np.where(np.isfinite(tpot_var) & (tpot > 0), tpot_var / np.maximum(tpot, 1e-12) ** 2, 0.0)
-    hold_cv2 = w.osl.cv**2 + life_cv2
-    peaked = 1 + lam * np.where(np.isfinite(hold), hold, 0.0) * life_cv2 / 2
-    aq, ap = admission_wait(lam, batch, limit, hold, hold_cv2, p, peaked)
+    slots = SlotQueue.of(lam, batch, limit, hold, w.osl.cv**2 + life_cv2, w.osl.mean * slope,
+                         own_mean + w.osl.mean * tpot_full)
+    aq, ap = slots.mean_s, slots.quantile_s(p)
     ttft_mean = wq + aq + own_mean
     ttft_p = wp + ap + own_p
     if shared_steps is not None:
@@ -202,7 +201,7 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
         rows = []
         for q in ATTAINMENT_LEVELS:
             _, wq_q = step_wait(lam, service, t_d, float(q), batched, busy)
-            _, ap_q = admission_wait(lam, batch, limit, hold, hold_cv2, float(q), peaked)
+            ap_q = slots.quantile_s(float(q))
             row = wq_q + ap_q + prompt_s(float(q))
             if shared_steps is not None and shared_steps.any():
                 step_q = _step_ttft(lam, t_d, tpot, x_mean, cv2, rho_x, float(q), x_mean * _scale(pm, w, float(q)))[1]
@@ -238,6 +237,16 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     )
 
 
+def full_batch_tpot(t_d, slope, batch, limit, x_mean, osl_mean: float) -> np.ndarray:
+    """The largest TPOT a request can see when the batch is capped (KV memory or max_batch): the
+    batch held full at L = floor(limit) sequences through its lifetime. A prompt then starts only
+    when a sequence leaves, so about (L - 1) / osl prompts land per output token:
+    TPOT_max = t_d(L) + (L - 1) x / osl, with t_d(L) = t_d(B) + slope (L - B) on the roofline's
+    linear stretch. It bounds the lognormal tail, which has no ceiling."""
+    full = np.maximum(np.floor(limit), 1.0)
+    return t_d + slope * np.maximum(full - batch, 0.0) + (full - 1) * x_mean / osl_mean
+
+
 def _step_ttft(lam, t_d, tpot, x_mean, x_cv2: float, rho_x, p: float, x_q) -> tuple[np.ndarray, np.ndarray]:
     """(mean, p-quantile) of TTFT when whole prompts join the decodes' steps (bulk service).
 
@@ -260,7 +269,9 @@ def _step_ttft(lam, t_d, tpot, x_mean, x_cv2: float, rho_x, p: float, x_q) -> tu
     ok = rho_x < 1
     own = t_d + lam * x_mean * ((1 - pi) * t_d + pi * t_lb / 2)
     mean = (1 - pi) * t_d / 2 + pi * theta + own + x_mean
-    q = mixture_quantile(pi, theta, t_d, p) + own + x_q
+    # the rest of a prompt step: near uniform when its length varies little (``residual_cv2``)
+    shape = f.residual_cv2(c_s2=var_p / np.maximum(t_p, 1e-12) ** 2)
+    q = mixture_quantile(pi, theta, t_d, p, shape) + own + x_q
     return np.where(ok, mean, np.inf), np.where(ok, q, np.inf)
 
 

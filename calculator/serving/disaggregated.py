@@ -1,14 +1,17 @@
 """Prefill/decode disaggregation (DistServe / Splitwise / Mooncake style), xPyD pools.
 
-Prefill pool: N_p instances share one queue (M/G/c, c = N_p); a free instance runs every waiting
-prompt up to the token budget in one step (``prefill_batch``), which shares the weight reads.
+Prefill pool: N_p instances share one queue; a free instance runs every waiting prompt up to the
+token budget in one step (``prefill_batch``), which shares the weight reads: bulk service, a queue
+one step deep, where the budget holds many prompts, and a FIFO M/G/c queue where it holds few
+(``prefill_wait``).
 KV transfer: the request's whole cache (isl tokens, all layers) crosses min(tp_p, tp_d) parallel
 links of the chosen kind (scale-out NIC between nodes, or the scale-up link inside one); with
 layer-wise overlap only what outlasts the prefill (and at least one layer's share) is visible.
-  TTFT = W_q(M/G/c) + s_p + t_kv + W_slot + t_d / 2 (the decode instance takes it at its next step)
+  TTFT = prefill (wait + step) + t_kv + W_slot + t_d / 2 (the decode instance takes it at its next step)
 Decode pool: each instance sees lambda / N_d; B = lambda_d osl t_d(B) (least fixed point); a request
-waits for a batch slot (KV memory or the batch cap: M/G/c over the slots, ``base.admission_wait``);
-TPOT = t_d(B), its tail from the spread of the batch over a lifetime (``base.tpot_tail``).
+waits for a batch slot (KV memory or the batch cap: ``base.SlotQueue``);
+TPOT = t_d(B), its tail from the spread of the batch over a lifetime (``base.tpot_tail``), at most
+the step of a full batch.
 """
 
 from __future__ import annotations
@@ -23,14 +26,18 @@ from .. import formulas as f
 from ..kv_cache import kv_cache_bytes
 from .base import (
     ATTAINMENT_LEVELS,
+    BISECTION_STEPS,
     Deployment,
     ModeArrays,
     PoolModel,
     PrefillService,
-    admission_wait,
+    SlotQueue,
+    _erf,
     decode_fixed_point,
     decode_step_at,
+    erlang_c,
     excess_sum,
+    first_root,
     queue_wait,
     tpot_tail,
     z_score,
@@ -64,9 +71,13 @@ def kv_move_s(model: ModelSpec, kv_bytes: float, pre: PoolModel, dec: PoolModel,
 
 
 def prefill_batch(pre: PoolModel, w: Workload, lam_server, budget_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """(prompts per prefill step, that step's time) at each per-instance arrival rate: the prompts
-    that arrive during one prompt's prefill share the next step, b = lambda s_1, up to the token
-    budget (at least one)."""
+    """(mean prompts per prefill step, that step's time) at each per-instance arrival rate.
+
+    A step takes every prompt that arrived while the step before it ran, or, when none did, the one
+    that then arrives to the idle instance: with N ~ Poisson(lambda T(b)) arrivals per step the mean
+    batch is E[max(N, 1)] = lambda T(b) + exp(-lambda T(b)) (``prefill_step_batch``), a fixed point
+    in b (T grows with b), up to the token budget. Batching shares the weight reads, so a queue
+    builds more slowly than at batch 1."""
     most = max(1.0, math.floor(budget_tokens / w.isl.mean))
     key = ("prefill_batch", w.isl.mean, w.prefix_hit, most)
     if key not in pre._cache:  # the step time over a geometric grid of batch sizes (piecewise linear)
@@ -74,8 +85,149 @@ def prefill_batch(pre: PoolModel, w: Workload, lam_server, budget_tokens: int) -
         cached = w.isl.mean * w.prefix_hit
         pre._cache[key] = (grid, np.asarray(pre.prefill_s(w.isl.mean - cached, cached, grid), dtype=float))
     grid, table = pre._cache[key]
-    b = np.clip(np.asarray(lam_server, dtype=float) * table[0], 1.0, most)
+    lam = np.asarray(lam_server, dtype=float)
+    arrivals = lam.reshape(-1)[:, None] * table[None, :]
+    gap = grid[None, :] - np.asarray(f.prefill_step_batch(N_a=arrivals), dtype=float)
+    b = first_root(grid, gap)
+    b = np.clip(np.where(np.isfinite(b), b, most), 1.0, most).reshape(lam.shape)
     return b, np.interp(b, grid, table)
+
+
+def prefill_capacity(pre: PoolModel, w: Workload, budget_tokens: int) -> float:
+    """Prompts per second one prefill instance can take: full steps of the token budget's worth of
+    mean prompts (one prompt a step when two do not fit), b / T(b)."""
+    prefill_batch(pre, w, np.array([1.0]), budget_tokens)
+    most = max(1.0, math.floor(budget_tokens / w.isl.mean))
+    grid, table = pre._cache[("prefill_batch", w.isl.mean, w.prefix_hit, most)]
+    return float(grid[-1] / table[-1]) if budget_tokens >= 2 * w.isl.mean else float(1 / table[0])
+
+
+BULK_RESIDUAL_POINTS = (np.arange(8) + 0.5) / 8
+"""Midpoints over the remaining fraction U of the step in progress (uniform), for ``prefill_wait``."""
+
+
+def prefill_wait(pre: PoolModel, w: Workload, lam_total, servers, budget_tokens: int, levels
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Arrival to the end of its prefill in a pool of ``servers`` instances whose steps batch prompts:
+    (mean, quantiles at ``levels`` (last axis), the pool's busy share, the mean step time), seconds.
+
+    Steps are bulk service: a step takes every prompt that arrived during the step before
+    (``prefill_batch``), so a queue is never more than one step deep until the token budget binds.
+    On an instance of rate lambda with steps T(b) = T_0 + tau b (b prompts), a prompt that finds it
+    idle runs at once, in T(1); one that finds a step of length t running waits its rest U t and then
+    runs with everyone that arrived during it, T_0 + tau (1 + lambda t). So
+    TTFT - T(1) = t (U + m), m = lambda tau. Steps are length-biased: t is gamma with the steps' mean
+    and variance (``step_batch_variance``, plus the spread of prompt lengths) and one more unit of
+    shape. Several instances share one queue: an arrival waits when all are busy (``erlang_c`` at the
+    busy share lambda T / b); instances then free up c times as often, so the rest it waits
+    and the prompts that join it both shrink by c: TTFT - T(1) = t (U + m) / c. The
+    quantile is the mixture's, by bisection, the gamma by Wilson-Hilferty.
+    """
+    lam_total = np.asarray(lam_total, dtype=float)
+    c = np.asarray(servers, dtype=float)
+    lam = lam_total / c
+    levels = np.asarray(levels, dtype=float)
+    b, step = prefill_batch(pre, w, lam, budget_tokens)
+    busy = lam * step / b
+    bulk_share = _bulk_share(w, budget_tokens)
+    one = PrefillService.of(pre, w, float(levels[0]))
+    per_prompt = step / b
+    service = PrefillService(per_prompt, one.second_moment_s2 * (per_prompt / one.mean_s) ** 2, one.quantile_s)  # type: ignore[arg-type]
+    waits = [queue_wait(lam_total, service, c, float(q)) for q in levels]
+    fifo_mean = waits[0][0] + step
+    fifo_q = np.stack([wp for _, wp in waits], axis=-1) + step[..., None]
+    if bulk_share == 0:
+        return fifo_mean, fifo_q, busy, step
+    bulk_mean, bulk_q = _bulk_wait(pre, w, lam, c, budget_tokens, levels, b, step, busy)
+    if bulk_share == 1:
+        return bulk_mean, bulk_q, busy, step
+    with np.errstate(invalid="ignore"):  # inf stays inf
+        return (bulk_share * bulk_mean + (1 - bulk_share) * fifo_mean,
+                bulk_share * bulk_q + (1 - bulk_share) * fifo_q, busy, step)
+
+
+def _bulk_share(w: Workload, budget_tokens: int) -> float:
+    """Weight of bulk service in ``prefill_wait``: a FIFO queue of prompts served T(b) / b each
+    (M/G/c) where the budget holds few prompts (the batch is capped and a queue forms), bulk service
+    where it holds six or more; linear in between."""
+    most = max(1.0, math.floor(budget_tokens / w.isl.mean))
+    return min(max((most - 2) / 4, 0.0), 1.0)
+
+
+def _bulk_wait(pre: PoolModel, w: Workload, lam, c, budget_tokens: int, levels, b, step, busy
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, quantiles) of arrival to end of prefill under bulk service (``prefill_wait``)."""
+    grid, table = pre._cache[("prefill_batch", w.isl.mean, w.prefix_hit, max(1.0, math.floor(budget_tokens / w.isl.mean)))]
+    t1 = float(table[0])
+    tau = float((table[-1] - t1) / (grid[-1] - 1)) if grid[-1] > 1 else t1
+    tau = min(tau, t1)
+    m = np.minimum(lam * tau, 0.99)
+    stable = busy < 1
+    most = max(1.0, math.floor(budget_tokens / w.isl.mean))
+    # the batch lies within 1 ... most: at most ((most - 1) / 2)^2 of variance
+    var_b = np.minimum(np.asarray(f.step_batch_variance(N_a=lam * step, m=m), dtype=float), ((most - 1) / 2) ** 2)
+    var_t = np.maximum(tau**2 * (var_b + b * w.isl.cv**2), 1e-30)
+    # a step holds one prompt (T(1)) with probability P(max(N, 1) = 1) = (1 + N_a) exp(-N_a); else it
+    # lasts T(1) + Y, Y gamma(k, theta) with the rest of the steps' mean and variance. The step in
+    # progress is length-biased: T(1) with weight P1 T(1), T(1) + gamma(k, theta) with weight
+    # (1 - P1) T(1), T(1) + gamma(k + 1, theta) with weight (1 - P1) k theta (y f_k(y) ~ f_(k+1)(y)).
+    arrivals = lam * step
+    p1 = np.clip((1 + arrivals) * np.exp(-arrivals), 0.0, 1 - 1e-9)
+    y_mean = np.maximum(step - t1, 1e-12 * t1) / (1 - p1)
+    y_var = np.maximum((var_t + (step - t1) ** 2) / (1 - p1) - y_mean**2, 1e-30)
+    k, theta = y_mean**2 / y_var, y_var / y_mean
+    weights = np.stack([p1 * t1, (1 - p1) * t1, (1 - p1) * y_mean]) / (p1 * t1 + (1 - p1) * (t1 + y_mean))
+    lb_mean = t1 + (weights[1] * y_mean + weights[2] * (k + 1) * theta)
+    p_busy = np.where(stable, erlang_c(lam * c * step / b, c), 1.0)
+    mean = t1 + p_busy * lb_mean * (0.5 + m) / c
+    r = 1 - (1 - levels[..., :]) / np.maximum(p_busy[..., None], 1e-12)  # level within the waiting arrivals
+    waiting = r > 0
+    rr = np.clip(r, 1e-6, 1 - 1e-9)
+    z = np.vectorize(z_score)(rr)
+    kk, th, mm, cc = (np.broadcast_to(np.asarray(a, dtype=float)[..., None], r.shape) for a in (k, theta, m, c))
+    wt = [np.broadcast_to(x[..., None, None], (*r.shape, 1)) for x in weights]
+    # the largest part (T(1) + gamma(k + 1)) at level r bounds the wait's quantile from above
+    t_r = t1 + np.asarray(f.gamma_quantile_wh(k_g=kk + 1, theta_g=th, z=z), dtype=float)
+    lo, hi = t1 * mm / cc, t_r * (1 + mm) / cc
+    for _ in range(BISECTION_STEPS):
+        y = (lo + hi) / 2
+        x = y[..., None] * cc[..., None] / (BULK_RESIDUAL_POINTS + mm[..., None]) - t1
+        cdf = (wt[0] * (x >= 0) + wt[1] * _gamma_cdf_wh(x, kk[..., None], th[..., None])
+               + wt[2] * _gamma_cdf_wh(x, kk[..., None] + 1, th[..., None])).mean(axis=-1)
+        lo, hi = np.where(cdf < rr, y, lo), np.where(cdf < rr, hi, y)
+    q = t1 + np.where(waiting, (lo + hi) / 2, 0.0)
+    return np.where(stable, mean, np.inf), np.where(stable[..., None], q, np.inf)
+
+
+def prefill_time(pre: PoolModel, w: Workload, lam_total, servers, budget_tokens: int, levels
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Arrival to the end of prefill: (mean, quantiles at ``levels`` (last axis), busy share).
+    ``prefill_wait``, with the prompt's own length: its excess over the mean prompt adds in
+    quadrature to the wait's (a long wait and a long prompt rarely coincide)."""
+    lam_total, servers, levels = (np.asarray(a, dtype=float) for a in (lam_total, servers, levels))
+    key = ("prefill_time", lam_total.tobytes(), lam_total.shape, servers.tobytes(), servers.shape, budget_tokens,
+           levels.tobytes(), w.isl, w.prefix_hit)
+    hit = pre._cache.get(key)  # a plan pairs one prefill pool with many decode pools at the same rates
+    if hit is not None:
+        return hit
+    mean, q, busy, _ = prefill_wait(pre, w, lam_total, servers, budget_tokens, levels)
+    # bulk steps already carry the prompts' spread in their length; a FIFO prompt's own length adds
+    own = (1 - _bulk_share(w, budget_tokens)) * np.array([
+        PrefillService.of(pre, w, float(x)).quantile_s - PrefillService.of(pre, w, float(x)).mean_s for x in levels])
+    finite = np.isfinite(q)
+    with np.errstate(invalid="ignore"):
+        q = np.where(finite, mean[..., None] + excess_sum(np.where(finite, q - mean[..., None], 0.0), own), np.inf)
+    if len(pre._cache) < 4096:
+        pre._cache[key] = (mean, q, busy)
+    return mean, q, busy
+
+
+def _gamma_cdf_wh(x, k, theta) -> np.ndarray:
+    """P(X <= x) for X ~ gamma(k, theta), by Wilson and Hilferty: (X / k theta)^(1/3) is normal with
+    mean 1 - 1 / 9k and variance 1 / 9k (0 for x <= 0)."""
+    v = 1 / (9 * k)
+    z = (np.cbrt(np.maximum(x, 0.0) / (k * theta)) - (1 - v)) / np.sqrt(v)
+    return np.where(x > 0, 0.5 * (1 + _erf(z / math.sqrt(2))), 0.0)
 
 
 def _decode_side(dec: PoolModel, w: Workload, lam_d: np.ndarray, p: float) -> tuple[np.ndarray, ...]:
@@ -94,10 +246,15 @@ def _decode_side(dec: PoolModel, w: Workload, lam_d: np.ndarray, p: float) -> tu
     slope = decode_step_at(dec, ctx, limit, b_cap + 1) - t_d
     tpot = t_d + slope  # the step a request sees: t_d(B + 1) (``base.seen``)
     zero = np.zeros_like(lam_d)
+    # a full decode batch of L = floor(limit) sequences steps at t_d(L) (no prompts stall it): the
+    # largest TPOT, which bounds the tail, and the hold of a slot while requests queue for one
+    tpot_full = t_d + slope * np.maximum(np.floor(limit) - b_cap, 0.0)
     tpot_var, tpot_p = tpot_tail(tpot, zero, lam_d, zero, 0.0, w, slope, b_cap, p)
+    tpot_p = np.minimum(tpot_p, np.maximum(tpot_full, tpot))
     life = w.osl.mean * tpot
-    aq, ap = admission_wait(lam_d, batch, limit, life, w.osl.cv**2, p)
-    out = (batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap)
+    slots = SlotQueue.of(lam_d, batch, limit, life, w.osl.cv**2, w.osl.mean * slope, w.osl.mean * tpot_full)
+    aq, ap = slots.mean_s, slots.quantile_s(p)
+    out = (batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap, slots)
     if len(dec._cache) < 4096:
         dec._cache[key] = out
     return out
@@ -109,36 +266,24 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
     pre, dec = pools or (PoolModel.build(model, d.prefill, w), PoolModel.build(model, d.decode, w))
     lam = np.asarray(total_rate, dtype=float)
     one = PrefillService.of(pre, w, p)
-    b, step = prefill_batch(pre, w, lam / d.prefill.instances, d.max_batched_tokens)
-    scale = step / (b * one.mean_s)  # batching shares the weight reads: a prompt costs less
-    service = PrefillService(one.mean_s * scale, one.second_moment_s2 * scale**2, one.quantile_s)  # type: ignore[arg-type]
-    own_mean = step
     t_kv = kv_transfer_s(model, d, w, pre, dec, one.mean_s)
-    rho_prefill = lam * service.mean_s / d.prefill.instances
+    c = d.prefill.instances
+    levels = np.array([p, *ATTAINMENT_LEVELS]) if joint else np.array([p])
+    prefill_mean, prefill_q, rho_prefill = prefill_time(pre, w, lam, c, d.max_batched_tokens, levels)
 
     lam_d = lam / d.decode.instances
     limit = dec.batch_limit(w)
-    batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap = _decode_side(dec, w, lam_d, p)
+    batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap, slots = _decode_side(dec, w, lam_d, p)
 
-    c = d.prefill.instances
+    def ttft_at(i: int, q: float) -> np.ndarray:
+        """The q-quantile of TTFT: the prefill, the KV move, a decode slot, and the decode
+        instance's next step."""
+        ap_q = ap if q == p else slots.quantile_s(q)
+        return prefill_q[..., i] + t_kv + ap_q + q * t_d
 
-    def prefill_at(q: float) -> tuple[np.ndarray, np.ndarray]:
-        """(mean, q-quantile) of arrival to end of prefill: M/G/c with the per-prompt service of a
-        batched step (T(b) / b: the queue's work is conserved), then the prompt's own step T(b). The
-        wait and the prompt's length are independent, so their excesses over the means add in
-        quadrature (a long wait and a long prompt rarely coincide)."""
-        wq, wp = queue_wait(lam, service, c, q)
-        step_q = PrefillService.of(pre, w, q).quantile_s * scale * b
-        return wq + own_mean, wq + own_mean + excess_sum(wp - wq, step_q - own_mean)
-
-    def ttft_at(q: float) -> tuple[np.ndarray, np.ndarray]:
-        mean, pre_q = prefill_at(q)
-        ap_q = ap if q == p else admission_wait(lam_d, batch, limit, life, w.osl.cv**2, q)[1]
-        return mean, pre_q + t_kv + ap_q + q * t_d  # the decode instance takes it at its next step
-
-    prefill_mean, ttft_p = ttft_at(p)
+    ttft_p = ttft_at(0, p)
     ttft_mean = prefill_mean + t_kv + aq + t_d / 2
-    levels = np.stack([ttft_at(float(q))[1] for q in ATTAINMENT_LEVELS]) if joint else None
+    levels = np.stack([ttft_at(i + 1, float(q)) for i, q in enumerate(ATTAINMENT_LEVELS)]) if joint else None
     itl_p = t_d + z_score(p) * np.sqrt(b_cap) * slope
 
     rho_decode = lam_d * w.osl.mean * slope
