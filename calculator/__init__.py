@@ -16,7 +16,7 @@ _SOURCES: dict[str, str] = {
     **dict.fromkeys(("Efficiency", "GPUSpec", "ModelSpec", "list_gpus", "list_models", "load_gpu", "load_model"),
                     "hardware_db"),
     "deadline": ".budget",
-    **dict.fromkeys(("Cancelled", "DeadlineExceeded", "HardwareDBError", "InputError", "PdplanError",
+    **dict.fromkeys(("AmbiguousIdError", "Cancelled", "DeadlineExceeded", "HardwareDBError", "InputError", "PdplanError",
                      "UnknownIdError", "UnstableError"), ".errors"),
     **dict.fromkeys(("Estimate", "MemoryBreakdown", "OpRow", "estimate"), ".estimate"),
     **dict.fromkeys(("FORMULAS", "Formula"), ".formulas"),
@@ -29,7 +29,7 @@ _SOURCES: dict[str, str] = {
 """Public name -> the module it comes from."""
 
 __all__ = [
-    "FORMULAS", "SLO", "Cancelled", "Candidate", "DeadlineExceeded", "Deployment", "Efficiency", "Estimate",
+    "FORMULAS", "SLO", "AmbiguousIdError", "Cancelled", "Candidate", "DeadlineExceeded", "Deployment", "Efficiency", "Estimate",
     "Evaluation", "Formula", "GPUSpec", "HardwareDBError", "InputError", "Length", "MemoryBreakdown",
     "ModelSpec", "OpRow", "PdplanError", "Plan", "Pool", "Simulation", "UnknownIdError", "UnstableError",
     "Workload", "deadline", "estimate", "evaluate", "kv_bytes_per_token", "kv_cache_bytes", "list_gpus",
@@ -67,6 +67,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
 
     from .budget import deadline
     from .errors import (
+        AmbiguousIdError,
         Cancelled,
         DeadlineExceeded,
         HardwareDBError,

@@ -138,5 +138,5 @@ def _known(load, wanted: str, field: str):
     except UnknownIdError as e:
         if e.field == field:
             raise
-        raise UnknownIdError(e.kind, e.wanted, e.known, field=field) from None
+        raise type(e)(e.kind, e.wanted, e.known, field=field) from None  # an ambiguous id stays ambiguous
 

@@ -6,6 +6,7 @@ class                  also a                      raised when
 ``PdplanError``        ``Exception``               base of all below
 ``InputError``         ``ValueError``              an argument is invalid (``field``, ``reason``)
 ``UnknownIdError``     ``InputError``, ``KeyError`` a model or GPU id is not in the database
+``AmbiguousIdError``  ``UnknownIdError``          a name several entries answer to (``h100``)
 ``UnstableError``      ``InputError``              a percentile is asked of a deployment that the
                                                     rate overloads
 ``HardwareDBError``    ``PdplanError``             a hardware YAML file is unreadable or invalid
@@ -16,9 +17,9 @@ class                  also a                      raised when
 
 from __future__ import annotations
 
-from hardware_db.errors import HardwareDBError, InputError, PdplanError, UnknownIdError
+from hardware_db.errors import AmbiguousIdError, HardwareDBError, InputError, PdplanError, UnknownIdError
 
-__all__ = ["Cancelled", "DeadlineExceeded", "HardwareDBError", "InputError", "PdplanError", "UnknownIdError",
+__all__ = ["AmbiguousIdError", "Cancelled", "DeadlineExceeded", "HardwareDBError", "InputError", "PdplanError", "UnknownIdError",
            "UnstableError"]
 
 

@@ -112,8 +112,8 @@ class Plan(BaseModel):
         b = self.best
         lines = [
             f"Best: {_describe(b)} — {b.num_gpus} GPUs, ${b.cost_per_hour:,.2f}/h, "
-            f"p{self.slo.percentile:g} TTFT {b.ttft_p_s:.3f} s (SLO {self.slo.ttft_s:g}), "
-            f"TPOT {b.tpot_p_s * 1e3:.1f} ms (SLO {self.slo.tpot_s * 1e3:g}); what binds: {b.binding}, "
+            f"p{self.slo.percentile:g} TTFT {b.ttft_p_s:.3f} s (SLO {self.slo.ttft_s:g} s), "
+            f"TPOT {b.tpot_p_s * 1e3:.1f} ms (SLO {self.slo.tpot_s * 1e3:g} ms); what binds: {b.binding}, "
             f"utilisation {b.utilisation:.2f}.",
         ]
         for mode in ("mixed", "chunked", "disaggregated"):

@@ -1,6 +1,6 @@
 """pdplan's hardware and model database: YAML data, its pydantic schema and the loader."""
 
-from .errors import HardwareDBError, InputError, PdplanError, UnknownIdError
+from .errors import AmbiguousIdError, HardwareDBError, InputError, PdplanError, UnknownIdError
 from .loader import (
     ENV_VAR,
     database,
@@ -14,6 +14,7 @@ from .schema import Efficiency, GPUSpec, MLASpec, ModelSpec, MoESpec, PeakTflops
 
 __all__ = [
     "ENV_VAR",
+    "AmbiguousIdError",
     "Efficiency",
     "GPUSpec",
     "HardwareDBError",
