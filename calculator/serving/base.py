@@ -345,22 +345,26 @@ def z_score(p: float) -> float:
     return NormalDist().inv_cdf(p)
 
 
+ERLANG_EXACT_SERVERS = 32
+"""Up to this many servers ``erlang_c`` runs the exact recursion; beyond, Sakasegawa's approximation
+(``wait_probability``), which is close for many servers."""
+
+
 def erlang_c(offered, servers) -> np.ndarray:
     """P(an arrival waits) in M/M/c: Erlang's C for offered load a = lambda E[S] on c servers (c
     rounded to a whole number), by the Erlang-B recursion B_k = a B_(k-1) / (k + a B_(k-1)),
-    C = B_c / (1 - rho (1 - B_c)); 1 where rho >= 1."""
+    C = B_c / (1 - rho (1 - B_c)); 1 where rho >= 1. Sakasegawa's approximation above
+    ERLANG_EXACT_SERVERS servers."""
     a, c = np.broadcast_arrays(np.asarray(offered, dtype=float), np.maximum(np.round(np.asarray(servers, dtype=float)), 1))
-    erlang_b = np.ones_like(a)
-    # beyond a + 12 sqrt(a) + 30 servers B is below 1e-30 (a Poisson tail): stop there, B -> 0
-    finite_a = a[np.isfinite(a)]
-    top = float(finite_a.max()) if finite_a.size else 0.0
-    last = int(min(c.max() if c.size else 0, math.ceil(top + 12 * math.sqrt(top) + 30)))
-    for k in range(1, last + 1):
-        erlang_b = np.where(k <= c, a * erlang_b / (k + a * erlang_b), erlang_b)
-    erlang_b = np.where(c > last, 0.0, erlang_b)
     rho = a / c
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(rho < 1, erlang_b / (1 - rho * (1 - erlang_b)), 1.0)
+    few = c <= ERLANG_EXACT_SERVERS
+    erlang_b = np.ones_like(a)
+    for k in range(1, int(c[few].max()) + 1 if few.any() else 1):
+        erlang_b = np.where(k <= c, a * erlang_b / (k + a * erlang_b), erlang_b)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        exact = erlang_b / (1 - rho * (1 - erlang_b))
+        approx = f.wait_probability({"lambda": a, "E_S": 1.0, "c_srv": c})
+        return np.where(rho < 1, np.where(few, exact, approx), 1.0)
 
 
 def queue_wait(rate, service: PrefillService, servers, p: float, batched=False) -> tuple[np.ndarray, np.ndarray]:
