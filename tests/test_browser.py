@@ -367,11 +367,15 @@ def test_an_ambiguous_model_name_lists_the_models_it_names(browser):
     assert "llama" in text and "llama-3.1-70b" in text and "llama-2-7b" in text
 
 
-def test_an_unknown_gpu_from_a_link_is_shown_at_the_gpus(browser):
+def test_an_unknown_or_ambiguous_gpu_from_a_link_is_shown_at_the_gpus(browser):
     d = browser.driver
     open_planner(d, f"{browser.base}/?model=llama-3.1-8b&gpus=h100&rate=1&isl=1000&osl=200&ttft_s=2&tpot_ms=50")
     wait_result(d, "error")
-    assert "unknown GPU id 'h100'" in field_error(d, "gpus")
+    text = field_error(d, "gpus")  # h100 names the SXM and the PCIe card: both are offered
+    assert "ambiguous GPU id 'h100'" in text and "h100-sxm" in text and "h100-pcie" in text
+    open_planner(d, f"{browser.base}/?model=llama-3.1-8b&gpus=h999&rate=1&isl=1000&osl=200&ttft_s=2&tpot_ms=50")
+    wait_result(d, "error")
+    assert "unknown GPU id 'h999'" in field_error(d, "gpus")
 
 
 def test_a_pasted_config_json_is_sent_inline(browser):
