@@ -9,7 +9,9 @@ window.MathJax = {
   },
   options: {
     ignoreHtmlClass: ".*|",
-    processHtmlClass: "arithmatex"
+    processHtmlClass: "arithmatex",
+    // no context menu: its accessibility settings would load the speech rule engine from a CDN
+    enableMenu: false
   }
 };
 
