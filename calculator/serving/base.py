@@ -543,13 +543,6 @@ def inverse_osl(w: Workload) -> float:
     return float(np.sum(weights / gaps))
 
 
-def admission_wait(lam, batch, limit, hold_s, hold_cs2, p: float, hold_slope_s=0.0, hold_full_s=None
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, p-quantile) of the wait for a batch slot (KV memory or the batch cap); see ``SlotQueue``."""
-    q = SlotQueue.of(lam, batch, limit, hold_s, hold_cs2, hold_slope_s, hold_full_s)
-    return q.mean_s, q.quantile_s(p)
-
-
 @dataclass(frozen=True)
 class SlotQueue:
     """The queue for a batch slot (KV memory or the batch cap) as a birth-death process whose death

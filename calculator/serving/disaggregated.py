@@ -70,6 +70,18 @@ def kv_move_s(model: ModelSpec, kv_bytes: float, pre: PoolModel, dec: PoolModel,
     return t
 
 
+def step_table(pre: PoolModel, w: Workload, budget_tokens: int) -> tuple[float, np.ndarray, np.ndarray]:
+    """(most prompts a step holds, batch grid, prefill step time s over it) for the mean prompt:
+    piecewise linear in the batch, on a geometric grid from 1 to the token budget's worth. Cached."""
+    most = max(1.0, math.floor(budget_tokens / w.isl.mean))
+    key = ("prefill_batch", w.isl.mean, w.prefix_hit, most)
+    if key not in pre._cache:
+        grid = np.unique(np.geomspace(1.0, most, 24)) if most > 1 else np.array([1.0, 1.0 + 1e-9])
+        cached = w.isl.mean * w.prefix_hit
+        pre._cache[key] = (grid, np.asarray(pre.prefill_s(w.isl.mean - cached, cached, grid), dtype=float))
+    return most, *pre._cache[key]
+
+
 def prefill_batch(pre: PoolModel, w: Workload, lam_server, budget_tokens: int) -> tuple[np.ndarray, np.ndarray]:
     """(mean prompts per prefill step, that step's time) at each per-instance arrival rate.
 
@@ -78,13 +90,7 @@ def prefill_batch(pre: PoolModel, w: Workload, lam_server, budget_tokens: int) -
     batch is E[max(N, 1)] = lambda T(b) + exp(-lambda T(b)) (``prefill_step_batch``), a fixed point
     in b (T grows with b), up to the token budget. Batching shares the weight reads, so a queue
     builds more slowly than at batch 1."""
-    most = max(1.0, math.floor(budget_tokens / w.isl.mean))
-    key = ("prefill_batch", w.isl.mean, w.prefix_hit, most)
-    if key not in pre._cache:  # the step time over a geometric grid of batch sizes (piecewise linear)
-        grid = np.unique(np.geomspace(1.0, most, 24)) if most > 1 else np.array([1.0, 1.0 + 1e-9])
-        cached = w.isl.mean * w.prefix_hit
-        pre._cache[key] = (grid, np.asarray(pre.prefill_s(w.isl.mean - cached, cached, grid), dtype=float))
-    grid, table = pre._cache[key]
+    most, grid, table = step_table(pre, w, budget_tokens)
     lam = np.asarray(lam_server, dtype=float)
     arrivals = lam.reshape(-1)[:, None] * table[None, :]
     gap = grid[None, :] - np.asarray(f.prefill_step_batch(N_a=arrivals), dtype=float)
@@ -96,9 +102,7 @@ def prefill_batch(pre: PoolModel, w: Workload, lam_server, budget_tokens: int) -
 def prefill_capacity(pre: PoolModel, w: Workload, budget_tokens: int) -> float:
     """Prompts per second one prefill instance can take: full steps of the token budget's worth of
     mean prompts (one prompt a step when two do not fit), b / T(b)."""
-    prefill_batch(pre, w, np.array([1.0]), budget_tokens)
-    most = max(1.0, math.floor(budget_tokens / w.isl.mean))
-    grid, table = pre._cache[("prefill_batch", w.isl.mean, w.prefix_hit, most)]
+    _, grid, table = step_table(pre, w, budget_tokens)
     return float(grid[-1] / table[-1]) if budget_tokens >= 2 * w.isl.mean else float(1 / table[0])
 
 
@@ -116,9 +120,11 @@ def prefill_wait(pre: PoolModel, w: Workload, lam_total, servers, budget_tokens:
     On an instance of rate lambda with steps T(b) = T_0 + tau b (b prompts), a prompt that finds it
     idle runs at once, in T(1); one that finds a step of length t running waits its rest U t and then
     runs with everyone that arrived during it, T_0 + tau (1 + lambda t). So
-    TTFT - T(1) = t (U + m), m = lambda tau. Steps are length-biased: t is gamma with the steps' mean
-    and variance (``step_batch_variance``, plus the spread of prompt lengths) and one more unit of
-    shape. Several instances share one queue: an arrival waits when all are busy (``erlang_c`` at the
+    TTFT - T(1) = t (U + m), m = lambda tau. The step in progress t is length-biased: T(1) when it
+    holds one prompt, else T(1) plus a gamma with the steps' mean and variance
+    (``step_batch_variance``, plus the spread of prompt lengths; see ``_bulk_wait``). Where the
+    budget holds few prompts the batch is capped and a queue forms: a FIFO M/G/c queue of prompts
+    served T(b) / b each, blended in by ``_bulk_share``. Several instances share one queue: an arrival waits when all are busy (``erlang_c`` at the
     busy share lambda T / b); instances then free up c times as often, so the rest it waits
     and the prompts that join it both shrink by c: TTFT - T(1) = t (U + m) / c. The
     quantile is the mixture's, by bisection, the gamma by Wilson-Hilferty.
@@ -150,20 +156,19 @@ def _bulk_share(w: Workload, budget_tokens: int) -> float:
     """Weight of bulk service in ``prefill_wait``: a FIFO queue of prompts served T(b) / b each
     (M/G/c) where the budget holds few prompts (the batch is capped and a queue forms), bulk service
     where it holds six or more; linear in between."""
-    most = max(1.0, math.floor(budget_tokens / w.isl.mean))
+    most = max(1.0, math.floor(budget_tokens / w.isl.mean))  # as ``step_table``, without building it
     return min(max((most - 2) / 4, 0.0), 1.0)
 
 
 def _bulk_wait(pre: PoolModel, w: Workload, lam, c, budget_tokens: int, levels, b, step, busy
                ) -> tuple[np.ndarray, np.ndarray]:
     """(mean, quantiles) of arrival to end of prefill under bulk service (``prefill_wait``)."""
-    grid, table = pre._cache[("prefill_batch", w.isl.mean, w.prefix_hit, max(1.0, math.floor(budget_tokens / w.isl.mean)))]
+    most, grid, table = step_table(pre, w, budget_tokens)
     t1 = float(table[0])
     tau = float((table[-1] - t1) / (grid[-1] - 1)) if grid[-1] > 1 else t1
     tau = min(tau, t1)
     m = np.minimum(lam * tau, 0.99)
     stable = busy < 1
-    most = max(1.0, math.floor(budget_tokens / w.isl.mean))
     # the batch lies within 1 ... most: at most ((most - 1) / 2)^2 of variance
     var_b = np.minimum(np.asarray(f.step_batch_variance(N_a=lam * step, m=m), dtype=float), ((most - 1) / 2) ** 2)
     var_t = np.maximum(tau**2 * (var_b + b * w.isl.cv**2), 1e-30)
