@@ -84,7 +84,8 @@ class Estimate(_Out):
     num_gpus: int
     ttft_s: float | None = Field(description="prefill step time (no queueing)")
     prefill_s: float | None
-    tpot_s: float | None = Field(description="decode step time at the mean context isl + (osl+1)/2")
+    tpot_s: float | None = Field(description="decode step time at the mean context isl + (osl+1)/2; with pp > 1 the "
+                                 "step of one micro-batch of batch / pp sequences (pp of them in flight)")
     e2e_s: float | None = Field(description="ttft + (osl - 1) * tpot")
     decode_first_step_s: float | None
     decode_last_step_s: float | None
@@ -217,7 +218,10 @@ def estimate(
     prefill_s = float(step_time_s(pre, setup))
     mean_ctx = isl + (osl + 1) / 2
     contexts = np.array([isl + 1, mean_ctx, isl + osl], dtype=float)
-    dec = step_groups(setup, S=1, P=contexts - 1, b=batch, phase="decode")
+    # pipeline parallelism: the batch decodes as pp micro-batches in flight, one per stage (a step
+    # of a micro-batch crosses every stage; the stages work on the others meanwhile)
+    micro_batch = max(batch / pp, 1.0)
+    dec = step_groups(setup, S=1, P=contexts - 1, b=micro_batch, phase="decode")
     dec_times = step_time_s(dec, setup)
     first, mean, last = (float(x) for x in dec_times)
     dec_mean = [gr.at(1) for gr in dec]  # the step at the mean context

@@ -226,11 +226,12 @@ def _candidate_from(d: Deployment, a: ModeArrays, i, w: Workload, slo: SLO, capa
     z = NormalDist().inv_cdf(0.999)
     cap_pool = pools[-1]  # the pool that decodes
     batch_cap = int(min(max(math.ceil(2 * batch + z * math.sqrt(batch) + 1), 1), max(math.floor(cap_pool.batch_limit(w)), 1),
-                        cap_pool.pool.max_batch))
+                        cap_pool.batch_cap))
+    max_batch = batch_cap * cap_pool.pool.streams  # per engine above; max_num_seqs is per instance
     if d.mode == "disaggregated":
-        d = d.model_copy(update={"decode": d.decode.model_copy(update={"max_batch": batch_cap})})  # type: ignore[union-attr]
+        d = d.model_copy(update={"decode": d.decode.model_copy(update={"max_batch": max_batch})})  # type: ignore[union-attr]
     else:
-        d = d.model_copy(update={"pool": d.pool.model_copy(update={"max_batch": batch_cap})})  # type: ignore[union-attr]
+        d = d.model_copy(update={"pool": d.pool.model_copy(update={"max_batch": max_batch})})  # type: ignore[union-attr]
     gpus = sum(_nodes(p) * NODE_GPUS for p in d.pools) if whole_nodes else d.num_gpus
     cost = sum(pm.gpu.price_usd_per_hour * (_nodes(pool) * NODE_GPUS if whole_nodes else pool.num_gpus)
                for pm, pool in zip(pools, d.pools))
@@ -308,10 +309,10 @@ def _single_pool_candidates(m: ModelSpec, s: _Single, w: Workload, slo: SLO, mod
         budgets = np.array([r[1] for r in rows])
         whole = np.array([r[2] for r in rows])
         with np.errstate(all="ignore"):
-            grid = chunked.analyse_budgets(s.pm, w, rates, slo.p, budgets, 1, whole, joint)
+            grid = chunked.analyse_budgets(s.pm, w, rates, slo.p, budgets, one.streams, whole, joint)
         caps = _largest_meeting(rates, grid.meets(slo), grid.margin(slo))
         points.extend(_grid_points(protos, rates, grid, slo, w))
-        groups.append((protos, caps, lambda r: chunked.analyse_budgets(s.pm, w, r, slo.p, budgets, 1, whole, joint)))
+        groups.append((protos, caps, lambda r: chunked.analyse_budgets(s.pm, w, r, slo.p, budgets, one.streams, whole, joint)))
     if "mixed" in modes and scheduler != "hybrid":
         d = Deployment(mode="mixed", pool=one, scheduler=scheduler)
         grid = analyse(m, d, w, rates, slo.p, (s.pm,), joint)
@@ -524,10 +525,10 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
         if service.quantile_s >= slo.ttft_s:
             continue
         # p-quantile of arrival to end of prefill for 1 ... N prefill instances (batched steps)
-        _, prefill_q, busy = prefill_time(p.pm, w, w.rate, n, PREFILL_BUDGET_TOKENS, [slo.p])
+        _, prefill_q, busy = prefill_time(p.pm, w, w.rate, n * p.pm.pool.streams, PREFILL_BUDGET_TOKENS, [slo.p])
         prefill_q = prefill_q[..., 0]
         stable = (busy < 1) & np.isfinite(prefill_q)
-        pool_rps = prefill_capacity(p.pm, w, PREFILL_BUDGET_TOKENS)
+        pool_rps = prefill_capacity(p.pm, w, PREFILL_BUDGET_TOKENS) * p.pm.pool.streams
         for j, (dec, dec_pool, cap) in enumerate(decode_side):
             budget.check()
             searched += 1

@@ -79,11 +79,18 @@ def test_not_fitting_is_reported_with_the_shortfall():
     assert not kv.fits and kv.reason.startswith("KV cache does not fit")
 
 
-def test_pipeline_parallel_does_not_shorten_decode():
+def test_pipeline_parallel_decodes_micro_batches_and_never_shortens_a_step():
     a = pc.estimate("llama-3.1-70b", "h100-sxm", tp=4, pp=1, isl=1000, osl=100, batch=4, weight_dtype="fp8")
-    b = pc.estimate("llama-3.1-70b", "h100-sxm", tp=4, pp=2, isl=1000, osl=100, batch=4, weight_dtype="fp8")
-    assert b.tpot_s >= a.tpot_s
+    b = pc.estimate("llama-3.1-70b", "h100-sxm", tp=4, pp=2, isl=1000, osl=100, batch=8, weight_dtype="fp8")
+    send = next(r.time_s for r in b.rows if r.phase == "decode" and r.group == "pp_send")
+    # 8 sequences in two micro-batches of 4: a token is one micro-batch crossing both stages, which
+    # is pp1's step at batch 4 plus the stage-to-stage send; twice the tokens per step
+    assert b.tpot_s == pytest.approx(a.tpot_s + send, rel=1e-9)
+    assert b.output_tokens_per_s == pytest.approx(8 / b.tpot_s)
     assert b.weights_bytes_per_gpu == pytest.approx(a.weights_bytes_per_gpu / 2)
+    one = pc.estimate("llama-3.1-70b", "h100-sxm", tp=4, pp=2, isl=1000, osl=100, batch=1, weight_dtype="fp8")
+    solo = pc.estimate("llama-3.1-70b", "h100-sxm", tp=4, pp=1, isl=1000, osl=100, batch=1, weight_dtype="fp8")
+    assert one.tpot_s > solo.tpot_s  # one sequence cannot fill two stages: the bubble
 
 
 def test_tp_across_nodes_uses_the_nic():

@@ -54,10 +54,27 @@ class Pool(BaseModel):
     max_batch: Count = Field(default=DEFAULT_BATCH_CAP, ge=1, le=16_384, description="engine cap on concurrent sequences")
     weight_dtype: WeightDtype = "bf16"
     kv_dtype: KVDtype = "bf16"
+    pipelined: bool = Field(
+        default=True, description="pp > 1: one micro-batch in flight per stage, each with its own sequences and "
+        "KV (vLLM's virtual engines, SGLang and TensorRT-LLM pipeline parallelism); false: one batch crosses the "
+        "stages at a time and each stage idles while the others work")
 
     @property
     def num_gpus(self) -> int:
         return self.tp * self.pp * self.instances
+
+    @property
+    def streams(self) -> int:
+        """Micro-batches in flight in one instance: pp when pipelined, else 1."""
+        return self.pp if self.pipelined else 1
+
+    @property
+    def engines(self) -> int:
+        """Independent schedulers of the pool (``streams`` per instance): each runs steps of the whole
+        model (the sum of the stages) on its own sequences, and the stages work on the others' steps
+        meanwhile, so a pipelined instance of pp stages serves pp times the traffic of an unpipelined
+        one at the same step time."""
+        return self.instances * self.streams
 
 
 class Deployment(BaseModel):
@@ -132,7 +149,7 @@ class PoolModel:
     setup: Setup
     pool: Pool
     gpu: GPUSpec
-    kv_budget_bytes: float  # KV bytes one GPU of an instance can hold
+    kv_budget_bytes: float  # KV bytes one GPU holds for one engine (a pipelined instance's stream)
     kv_full_bytes_per_token: float  # per GPU, layers that keep the whole context
     kv_window_bytes_per_token: float  # per GPU, sliding-window layers (they keep at most kv_window tokens)
     kv_window: float
@@ -157,7 +174,14 @@ class PoolModel:
             f"{model.id} does not fit on {g.id} at tp={pool.tp} pp={pool.pp} ({pool.weight_dtype}): "
             f"{(mem.weights_bytes + mem.activation_workspace_bytes + mem.runtime_reserve_bytes) / 1e9:.1f} GB per GPU "
             f"before KV, {mem.usable_bytes / 1e9:.1f} GB usable")
-        return cls(setup, pool, g, max(0.0, mem.kv_budget_bytes), full, kv(1.0) - full, window, fits, reason)
+        # a pipelined instance splits its sequences, and so its KV memory, over its pp streams
+        budget = max(0.0, mem.kv_budget_bytes) / pool.streams
+        return cls(setup, pool, g, budget, full, kv(1.0) - full, window, fits, reason)
+
+    @property
+    def batch_cap(self) -> float:
+        """The engine's share of the pool's ``max_batch`` (one stream of a pipelined instance), >= 1."""
+        return max(1.0, self.pool.max_batch / self.pool.streams)
 
     def kv_seq_bytes(self, tokens) -> np.ndarray:
         """KV bytes per GPU of sequences of ``tokens`` tokens (sliding-window layers capped at the window)."""
@@ -166,7 +190,7 @@ class PoolModel:
 
     @property
     def kv_capacity_tokens(self) -> float:
-        """Tokens of full-attention KV one instance holds (what the budget holds at one token's bytes)."""
+        """Tokens of full-attention KV one engine holds (what the budget holds at one token's bytes)."""
         return self.kv_budget_bytes / float(self.kv_seq_bytes(1.0))
 
     def prefill_s(self, new_tokens, cached_tokens=0.0, prompts=1.0) -> np.ndarray:
@@ -195,14 +219,14 @@ class PoolModel:
         return step_time_s(groups, self.setup)
 
     def kv_limit(self, workload: Workload) -> float:
-        """Sequences whose KV one instance holds, each at the mean sequence's midpoint (sliding-window
+        """Sequences whose KV one engine holds, each at the mean sequence's midpoint (sliding-window
         layers capped at the window, as ``estimate`` does)."""
         mean_resident = workload.isl.mean + workload.osl.mean / 2
         return self.kv_budget_bytes / float(self.kv_seq_bytes(mean_resident))
 
     def batch_limit(self, workload: Workload) -> float:
         """Concurrent sequences: the engine cap, and the KV memory (``kv_limit``)."""
-        return float(min(self.pool.max_batch, self.kv_limit(workload)))
+        return float(min(self.batch_cap, self.kv_limit(workload)))
 
     def decode_table(self, context: float, limit: float) -> tuple[np.ndarray, np.ndarray]:
         """(batch grid, decode step time s) at a mean context, up to ``limit + 1`` sequences."""
@@ -687,7 +711,8 @@ class Evaluation(BaseModel):
     ttft_mean_s: float | None
     tpot_mean_s: float | None
     kv_transfer_s: float | None = Field(description="disaggregated: KV move per request (visible part)")
-    decode_batch: float | None = Field(description="mean sequences decoding at once per instance")
+    decode_batch: float | None = Field(description="mean sequences decoding at once per instance (all streams of a "
+                                        "pipelined one)")
     goodput_rps: float | None = Field(description="largest arrival rate whose SLO is met at the percentile")
     num_gpus: int
     ttft_by_percentile_s: dict[int, float] = Field(default_factory=dict)

@@ -48,7 +48,7 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float, 
     assert pool is not None
     pm = pm or PoolModel.build(model, pool, w)
     a = analyse_budgets(pm, w, np.asarray(total_rate, dtype=float).reshape(-1), p, np.array([float(d.chunk_tokens)]),
-                        pool.instances, joint=joint)
+                        pool.engines, joint=joint)
     return first_row(a)
 
 
@@ -227,7 +227,7 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     which = np.argmax(stacked, axis=0)
     binding = np.where(which == 0, np.broadcast_to(interference, which.shape).astype(object),
                        np.where(which == 1, "decode bandwidth",
-                                "batch cap" if pm.pool.max_batch <= kv_limit else "KV memory"))
+                                "batch cap" if pm.batch_cap <= kv_limit else "KV memory"))
     stable = stable_decode & (util < 1)
     inf = np.inf
     return ModeArrays(

@@ -272,11 +272,11 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
     lam = np.asarray(total_rate, dtype=float)
     one = PrefillService.of(pre, w, p)
     t_kv = kv_transfer_s(model, d, w, pre, dec, one.mean_s)
-    c = d.prefill.instances
+    c = d.prefill.engines
     levels = np.array([p, *ATTAINMENT_LEVELS]) if joint else np.array([p])
     prefill_mean, prefill_q, rho_prefill = prefill_time(pre, w, lam, c, d.max_batched_tokens, levels)
 
-    lam_d = lam / d.decode.instances
+    lam_d = lam / d.decode.engines
     limit = dec.batch_limit(w)
     batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap, slots = _decode_side(dec, w, lam_d, p)
 
@@ -295,7 +295,7 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
     kv_limit = dec.kv_limit(w)
     occupancy = np.where(np.isfinite(batch), batch, lam_d * life) / limit
     names = np.array(["prefill pool", "decode bandwidth",
-                      "decode batch cap" if dec.pool.max_batch <= kv_limit else "decode KV memory"])
+                      "decode batch cap" if dec.batch_cap <= kv_limit else "decode KV memory"])
     stacked = np.stack(np.broadcast_arrays(rho_prefill, rho_decode, occupancy))
     stacked = np.where(np.isfinite(stacked), stacked, 1e9)
     util = stacked.max(axis=0)

@@ -38,9 +38,9 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float, 
     pm = pm or PoolModel.build(model, pool, w)
     rates = np.asarray(total_rate, dtype=float).reshape(-1)
     if d.scheduler == "hybrid":
-        return first_row(analyse_budgets(pm, w, rates, p, np.array([float(d.max_batched_tokens)]), pool.instances,
+        return first_row(analyse_budgets(pm, w, rates, p, np.array([float(d.max_batched_tokens)]), pool.engines,
                                          whole_prompts=True, joint=joint))
-    return prefill_first(pm, w, rates, p, pool.instances, d.max_batched_tokens, joint)
+    return prefill_first(pm, w, rates, p, pool.engines, d.max_batched_tokens, joint)
 
 
 def prefill_first(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float, instances: int,

@@ -127,7 +127,7 @@ def run_engine(pm: PoolModel, policy: Policy, arrivals: np.ndarray, prompt: np.n
     trace) per request; TTFT in the trace is measured from ``arrivals``.
     """
     n = arrivals.size
-    max_batch = pm.pool.max_batch if max_batch is None else max_batch
+    max_batch = pm.batch_cap if max_batch is None else max_batch
     capacity = pm.kv_budget_bytes if kv_capacity_bytes is None else kv_capacity_bytes
     kv = pm.kv_seq_bytes
     full, window, win_bytes = pm.kv_full_bytes_per_token, pm.kv_window, pm.kv_window_bytes_per_token
@@ -393,16 +393,16 @@ def run_deployment(model: ModelSpec, d: Deployment, w: Workload, pools: Sequence
 
     if d.mode != "disaggregated":
         pm = pools[0]
-        rate = w.rate / pm.pool.instances
+        rate = w.rate / pm.pool.engines
         r = Requests.draw(w, rate, requests, seed)
         policy: Policy = "chunked" if d.mode == "chunked" else d.scheduler
         budget_tokens = d.chunk_tokens if d.mode == "chunked" else d.max_batched_tokens
         _, _, trace = run_engine(pm, policy, r.arrivals, r.isl - r.cached, r.cached, r.osl, r.measured, budget_tokens)
         return trace
     pre, dec = pools
-    n_dec = dec.pool.instances
+    n_dec = dec.pool.engines
     r = Requests.draw(w, w.rate, requests * n_dec, seed)
-    end, duration = run_prefill_pool(pre, pre.pool.instances, r.arrivals, r.isl - r.cached, r.cached,
+    end, duration = run_prefill_pool(pre, pre.pool.engines, r.arrivals, r.isl - r.cached, r.cached,
                                      d.max_batched_tokens)
     assert d.decode is not None
     lengths = np.unique(r.isl)
