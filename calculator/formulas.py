@@ -77,6 +77,9 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "tau_k": ("\\tau_{k}", "latency per kernel", "s"),
     "alpha": ("\\alpha", "latency per collective", "s"),
     "n_coll": ("n_{coll}", "collectives", "1"),
+    "k_grp": ("k_{g}", "GPUs in a communicating group", "GPUs"),
+    "n_links": ("n_{links}", "direct links per GPU of a full mesh (1: a switch or PCIe)", "links"),
+    "beta_agg": ("\\beta_{agg}", "scale-up bandwidth per GPU per direction, all its links", "B/s"),
     "X_io": ("X_{io}", "input+output widths of a group's linear layers on one GPU, summed over layers", "elements"),
     "N_lin": ("N_{lin}", "active linear-layer weights on one GPU (embeddings excluded)", "params"),
     "N": ("N", "all parameters", "params"),
@@ -623,6 +626,22 @@ alltoall_time = Formula(
 )
 
 
+def _group_link_bandwidth(beta_agg: Any, k_grp: Any, n_links: Any) -> Any:
+    return beta_agg*functools.reduce(numpy.minimum, [n_links, k_grp - 1])/n_links
+
+
+group_link_bandwidth = Formula(
+    name="group_link_bandwidth",
+    section="roofline and communication",
+    unit="B/s",
+    doc="Link bandwidth a group of k GPUs has per GPU: all of it through a switch (n_links = 1); in a full mesh only the k - 1 direct links to the group's members.",
+    args=("beta_agg", "k_grp", "n_links"),
+    latex="\\frac{\\beta_{agg} \\min\\left(n_{links}, k_{g} - 1\\right)}{n_{links}}",
+    fn=_group_link_bandwidth,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
 def _p2p_time(M: Any, alpha: Any, beta_link: Any, eta_l: Any, n_coll: Any) -> Any:
     return n_coll*(M/(beta_link*eta_l) + alpha)
 
@@ -1031,6 +1050,7 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     arithmetic_intensity,
     ring_allreduce_time,
     alltoall_time,
+    group_link_bandwidth,
     p2p_time,
     gemm_activation_bytes,
     weights_bytes_per_gpu,

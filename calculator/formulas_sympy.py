@@ -90,6 +90,9 @@ n_k = _sym("n_k", "kernel launches", "kernels", "n_{k}")
 tau_k = _sym("tau_k", "latency per kernel", "s", r"\tau_{k}")
 alpha = _sym("alpha", "latency per collective", "s", r"\alpha")
 n_coll = _sym("n_coll", "collectives", "1", "n_{coll}")
+k_grp = _sym("k_grp", "GPUs in a communicating group", "GPUs", "k_{g}")
+n_links = _sym("n_links", "direct links per GPU of a full mesh (1: a switch or PCIe)", "links", "n_{links}")
+beta_agg = _sym("beta_agg", "scale-up bandwidth per GPU per direction, all its links", "B/s", r"\beta_{agg}")
 X_io = _sym("X_io", "input+output widths of a group's linear layers on one GPU, summed over layers", "elements", "X_{io}")
 N_lin = _sym("N_lin", "active linear-layer weights on one GPU (embeddings excluded)", "params", "N_{lin}")
 
@@ -318,6 +321,13 @@ alltoall_time = _formula(
     n_coll * ((ep - 1) / ep * M_msg / (beta_link * eta_l) + alpha * sp.Min(ep - 1, 1)),
     "s",
     "n all-to-alls (MoE dispatch or combine) of M bytes per GPU over ep GPUs.",
+)
+group_link_bandwidth = _formula(
+    "group_link_bandwidth",
+    beta_agg * sp.Min(k_grp - 1, n_links) / n_links,
+    "B/s",
+    "Link bandwidth a group of k GPUs has per GPU: all of it through a switch (n_links = 1); in a full mesh "
+    "only the k - 1 direct links to the group's members.",
 )
 p2p_time = _formula(
     "p2p_time", n_coll * (M_msg / (beta_link * eta_l) + alpha), "s", "n point-to-point sends of M bytes."

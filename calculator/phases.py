@@ -75,8 +75,6 @@ class Setup:
             raise InputError("pp", f"{self.pp} stages exceed the model's {m.num_layers} layers")
         v = dict(shape_values(m))
         eff = g.efficiency
-        in_node = self.tp <= g.scaleup_domain_gpus
-        pp_in_node = self.tp * self.pp <= g.scaleup_domain_gpus
         v.update(
             tp=self.tp, ep=self.ep,
             b_w=weight_bytes(self.weight_dtype), b_kv=kv_bytes(self.kv_dtype),
@@ -86,8 +84,10 @@ class Setup:
             tau_k=eff.kernel_latency_us * 1e-6, alpha=eff.collective_latency_us * 1e-6,
         )
         object.__setattr__(self, "values", v)
-        object.__setattr__(self, "tp_link_bytes_per_s", g.scaleup_bytes_per_s if in_node else g.scaleout_bytes_per_s)
-        object.__setattr__(self, "pp_link_bytes_per_s", g.scaleup_bytes_per_s if pp_in_node else g.scaleout_bytes_per_s)
+        object.__setattr__(self, "tp_link_bytes_per_s", group_link_bytes_per_s(g, self.tp))
+        # a stage sends to the next over one pair of GPUs: inside the node when all stages fit in it
+        object.__setattr__(self, "pp_link_bytes_per_s", group_link_bytes_per_s(
+            g, 2 if self.tp * self.pp <= g.scaleup_domain_gpus else g.scaleup_domain_gpus + 1))
 
     # --- parameter bookkeeping (per whole model, before sharding) -----------------------------
     @cached_property
@@ -137,6 +137,17 @@ class Setup:
     @cached_property
     def attention_rate_flops_per_s(self) -> float:
         return self.gpu.peak_flops_per_s(attention_rate(self.weight_dtype))
+
+
+def group_link_bytes_per_s(gpu: GPUSpec, group_gpus: int) -> float:
+    """Link bandwidth per GPU per direction of a group of ``group_gpus`` GPUs that communicate, B/s:
+    the scale-out NIC when the group spans more than one scale-up domain, else the scale-up links the
+    group actually uses (``group_link_bandwidth``: all of them through a switch, k - 1 direct links of
+    a full mesh such as MI300X's xGMI, the PCIe link)."""
+    if group_gpus > gpu.scaleup_domain_gpus:
+        return gpu.scaleout_bytes_per_s
+    return float(f.group_link_bandwidth(beta_agg=gpu.scaleup_bytes_per_s, k_grp=max(group_gpus, 2),
+                                        n_links=gpu.scaleup_links))
 
 
 @lru_cache(maxsize=512)
@@ -302,8 +313,9 @@ def _communication(setup: Setup, T: np.ndarray) -> list[Group]:
     out: list[Group] = []
     msg = T * m.hidden_size * v["b_a"]
     if setup.tp > 1:
-        # two all-reduces per layer (after W_o and after the MLP); with EP the MoE layers exchange by all-to-all
-        n_ar = 2 * m.num_layers - (m.num_moe_layers if setup.ep > 1 else 0)
+        # two all-reduces per layer (after W_o and after the MLP), one where attention and MLP run in
+        # parallel and their partial sums are reduced together; with EP the MoE layers exchange by all-to-all
+        n_ar = (1 if m.parallel_attention else 2) * m.num_layers - (m.num_moe_layers if setup.ep > 1 else 0)
         t = f.ring_allreduce_time(v, n_coll=n_ar, M=msg, beta_link=setup.tp_link_bytes_per_s)
         out.append(_comm_group("tp_allreduce", t, n_ar * msg * 2 * (setup.tp - 1) / setup.tp, "ring_allreduce_time"))
     if setup.ep > 1:

@@ -3,7 +3,8 @@
 Records are small frozen models. YAML keeps human units in the key names (``hbm_gb``,
 ``peak_tflops``); the SI accessors (``hbm_bytes``, ``peak_flops_per_s``) convert once, here.
 Derived model quantities (parameter counts, KV bytes) are computed by ``calculator`` from the
-sympy formulas; the methods below only delegate, so there is one source of truth.
+sympy formulas (``calculator.params``); this package only describes, and imports nothing of the
+calculator.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ SCHEMA_VERSION = 1
 Alias = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/\-]*$")]
 ALIASES_DOC = ("other names that resolve to this id, in any case (Hugging Face repo ids, common names); a name "
                "two entries share is ambiguous, and asking for it lists both")
+
+
+MEMORY_RUNTIME_RATIO = (0.9, 1.12)
+"""Bounds of runtime bytes / datasheet decimal bytes: datasheets name binary capacities in GB (an
+80 GB H100 shows 81,559 MiB, 1.07x), and a runtime reserves a little (B300's 288 GB shows 1.00x)."""
 
 
 class _Record(BaseModel):
@@ -59,11 +65,22 @@ class GPUSpec(_Record):
     vendor: str
     architecture: str
     peak_tflops: PeakTflops
-    hbm_gb: float = Field(ge=0.01, le=1e5, description="memory capacity, decimal GB (1e9 bytes)")
+    hbm_gb: float = Field(ge=0.01, le=1e5, description="memory capacity as the datasheet names it, GB (read as decimal "
+                          "GB, 1e9 bytes, when memory_runtime_mib is not given)")
+    memory_runtime_mib: float | None = Field(
+        default=None, ge=1, le=1e9, description="total memory as the runtime reports it (nvidia-smi / rocm-smi / "
+        "hl-smi / npu-smi total), MiB (2^20 bytes): what every fit check uses; H100 SXM: 81,559")
     memory_type: str = ""
     hbm_bandwidth_tb_s: float = Field(ge=1e-3, le=1e4, description="memory bandwidth, TB/s (1e12 B/s)")
     scaleup_link: str = ""
-    scaleup_bandwidth_gb_s: float = Field(ge=0.01, le=1e6, description="scale-up link per GPU per direction, GB/s")
+    scaleup_bandwidth_gb_s: float = Field(ge=0.01, le=1e6, description="scale-up link per GPU per direction, GB/s "
+                                          "(full_mesh: all its links together)")
+    scaleup_topology: Literal["switch", "full_mesh", "pcie"] = Field(
+        default="switch", description="switch: every GPU reaches every other at its full bandwidth (NVSwitch, NVL72); "
+        "full_mesh: a direct link to each peer (AMD xGMI, Intel Gaudi RoCE, Huawei HCCS), so a group of k GPUs uses "
+        "k - 1 of them; pcie: through the PCIe host bridge or switch")
+    scaleup_links: int = Field(default=1, ge=1, le=1024, description="full_mesh: peers each GPU links to directly; "
+                               "scaleup_bandwidth_gb_s is split evenly over them")
     scaleup_domain_gpus: int = Field(default=8, ge=1, le=100_000, description="GPUs reachable over the scale-up link (a node)")
     scaleout_bandwidth_gb_s: float = Field(ge=0.01, le=1e6, description="scale-out NIC per GPU per direction, GB/s")
     tdp_w: float = Field(ge=1, le=1e5)
@@ -75,9 +92,25 @@ class GPUSpec(_Record):
     sources: tuple[str, ...] = Field(min_length=1)
     notes: str = ""
 
+    @model_validator(mode="after")
+    def _memory_agrees(self) -> GPUSpec:
+        if self.memory_runtime_mib is not None:
+            ratio = self.memory_runtime_mib * 2**20 / (self.hbm_gb * 1e9)
+            if not MEMORY_RUNTIME_RATIO[0] <= ratio <= MEMORY_RUNTIME_RATIO[1]:
+                raise ValueError(f"memory_runtime_mib {self.memory_runtime_mib:g} MiB disagrees with hbm_gb "
+                                 f"{self.hbm_gb:g} ({ratio:.2f}x); give the runtime's figure for this memory, or drop "
+                                 "memory_runtime_mib to use hbm_gb")
+        if self.scaleup_topology == "full_mesh" and self.scaleup_links >= self.scaleup_domain_gpus:
+            raise ValueError(f"scaleup_links {self.scaleup_links}: a full mesh of {self.scaleup_domain_gpus} GPUs "
+                             f"links each to at most {self.scaleup_domain_gpus - 1} peers")
+        return self
+
     # SI accessors -------------------------------------------------------------------------------
     @property
     def hbm_bytes(self) -> float:
+        """Memory as the runtime sees it: ``memory_runtime_mib`` MiB, else ``hbm_gb`` decimal GB."""
+        if self.memory_runtime_mib is not None:
+            return self.memory_runtime_mib * 2**20
         return self.hbm_gb * 1e9
 
     @property
@@ -93,9 +126,11 @@ class GPUSpec(_Record):
         return self.scaleout_bandwidth_gb_s * 1e9
 
     def peak_flops_per_s(self, math: Literal["bf16", "fp8", "int8", "fp4", "fp32"]) -> float:
-        """Dense peak for a math precision, FLOP/s. Falls back to the next wider precision when absent;
-        fp32 has no fallback (its rate is not derivable from the tensor-core ones)."""
-        chain = {"fp4": ("fp4", "fp8", "bf16"), "fp8": ("fp8", "bf16"), "int8": ("int8", "bf16"), "bf16": ("bf16",),
+        """Dense peak for a math precision, FLOP/s. Falls back when the GPU has no such tensor path:
+        fp8 and int8 to bf16; fp4 to bf16, since a GPU without FP4 tensor cores (Hopper, MI300X) runs
+        fp4 weights weight-only, dequantised to 16-bit math (MXFP4 gpt-oss on Hopper), not at its fp8
+        rate; fp32 has no fallback (its rate is not derivable from the tensor-core ones)."""
+        chain = {"fp4": ("fp4", "bf16"), "fp8": ("fp8", "bf16"), "int8": ("int8", "bf16"), "bf16": ("bf16",),
                  "fp32": ("fp32",)}
         for name in chain[math]:
             value = getattr(self.peak_tflops, name)
@@ -161,6 +196,9 @@ class ModelSpec(_Record):
     gated_mlp: bool = Field(default=True, description="SwiGLU/GeGLU (3 matrices) rather than a plain 2-matrix MLP")
     mlp_bias: bool = False
     moe: MoESpec | None = None
+    parallel_attention: bool = Field(
+        default=False, description="attention and MLP read the same input and join the residual together (Falcon, "
+        "GPT-J, Cohere): one tensor-parallel all-reduce per layer instead of two")
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     norms_per_layer: int = Field(default=2, ge=1, le=4)
     learned_position_embeddings: int = Field(default=0, ge=0, le=100_000_000, description="rows of a learned position table (OPT)")
@@ -194,18 +232,6 @@ class ModelSpec(_Record):
     @property
     def num_moe_layers(self) -> int:
         return 0 if self.moe is None else self.num_layers - self.moe.num_dense_layers
-
-    def param_count(self) -> int:
-        """Total parameters (tied embeddings counted once), from ``calculator.params``."""
-        from calculator.params import param_count
-
-        return param_count(self)
-
-    def active_param_count(self) -> int:
-        """Parameters used per token: all but the routed experts a token does not select."""
-        from calculator.params import active_param_count
-
-        return active_param_count(self)
 
 
 class GPUFile(_Record):
