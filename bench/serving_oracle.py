@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calculator import load_model
+from calculator import load_gpu, load_model
 from calculator.serving import Deployment, Pool, Workload, analyse
 from calculator.serving.base import PoolModel
 from calculator.serving.simulate import run_deployment
@@ -33,6 +33,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_name  # noqa: E402
 
 GPU = "h100-sxm"
+GRID_MEMORY_BYTES = 80e9
+"""The grid of record runs the H100 at 80e9 bytes (its datasheet's 80 GB read as decimal GB, as the
+database did before it took the runtime's 81,559 MiB), so that KV memory binds at about 14
+sequences of the long-prompt case: the regime the grid was built to test. At the runtime's memory
+the same case holds about 22 sequences, and there the slot queue over-predicts the p90 TTFT at 0.8
+and 0.9 of capacity (an open gap: docs/serving-validation.md)."""
+
+
+def grid_gpu():
+    """The grid's GPU spec: ``GPU`` at ``GRID_MEMORY_BYTES``."""
+    return load_gpu(GPU).model_copy(update={"memory_runtime_mib": None, "hbm_gb": GRID_MEMORY_BYTES / 1e9})
 WORKLOADS = {
     "chat": ("llama-3.1-8b", {"isl": {"mean": 600, "cv": 0.5}, "osl": {"mean": 250, "cv": 0.5}}),
     "long prompt": ("qwen3-30b-a3b", {"isl": 6000, "osl": 150}),
@@ -92,7 +103,7 @@ def run(case: Case, requests: int = 1500, seed: int = 0) -> Row:
     m = load_model(case.model)
     d = case.deployment()
     w0 = Workload(rate=1.0, **WORKLOADS[case.workload][1])
-    pools = tuple(PoolModel.build(m, p, w0) for p in d.pools)
+    pools = tuple(PoolModel.build(m, p, w0, grid_gpu()) for p in d.pools)
     rate = case.utilisation * capacity(m, d, w0, pools)
     w = w0.model_copy(update={"rate": rate})
     closed = {}

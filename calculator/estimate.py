@@ -20,7 +20,7 @@ from .arguments import choice, flag, gpu_spec, integer, model_spec, real
 from .errors import InputError
 from .kv_cache import kv_bytes_per_gpu, kv_bytes_per_token, kv_cache_bytes
 from .limits import MAX_BATCH, MAX_PARALLEL, MAX_TOKENS
-from .params import embedding_params
+from .params import embedding_params, param_count
 from .phases import Group, Setup, phase_bound, setup_for, step_groups, step_time_s
 from .precision import EMBEDDING_BYTES, GEMM_RATE, KV_DTYPES, WEIGHT_DTYPES, wide_bytes
 
@@ -126,7 +126,7 @@ def memory_breakdown(
     m, g = setup.model, setup.gpu
     v = setup.values
     weights = float(f.weights_bytes_per_gpu(
-        v, N=m.param_count(), N_emb=embedding_params(m), b_e=wide_bytes(setup.weight_dtype, EMBEDDING_BYTES), pp=setup.pp
+        v, N=param_count(m), N_emb=embedding_params(m), b_e=wide_bytes(setup.weight_dtype, EMBEDDING_BYTES), pp=setup.pp
     ))
     workspace = float(f.activation_workspace_bytes(v, T=max_batched_tokens, b=min(batch, max_batched_tokens))) / setup.pp
     per_seq = float(kv_bytes_per_gpu(m, isl + osl, setup.kv_dtype, tp=setup.tp, pp=setup.pp))

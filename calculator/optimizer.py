@@ -483,6 +483,9 @@ def _best_of_each_mode_first(cands: list[Candidate]) -> list[Candidate]:
 
 
 PARTNERS_PER_DECODE_POOL = 3
+PAIRS_TRIED_PER_DECODE_POOL = 12
+"""Pairs built in full per decode pool, cheapest first: beyond that its partners are dearer and fail
+for the same reason (the closed-form sizing of each side missed something the full pair sees)."""
 PREFILL_BUDGET_TOKENS = int(Deployment.model_fields["max_batched_tokens"].default)
 """The token budget of a prefill step the planner sizes prefill pools with (the engines' default)."""
 """Prefill pools kept per decode pool (the cheapest by the objective): the rest are dominated."""
@@ -491,10 +494,9 @@ PREFILL_BUDGET_TOKENS = int(Deployment.model_fields["max_batched_tokens"].defaul
 def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, kv_link, whole_nodes: bool,
                    objective: Objective) -> tuple[list[Candidate], int]:
     """xPyD candidates. The decode side needs the fewest instances whose TPOT meets the SLO at the
-    rate; the prefill side the fewest whose M/G/N wait + prefill + the pair's KV move meet the TTFT.
+    rate, and whose wait for a decode slot leaves room in the TTFT; the prefill side the fewest whose M/G/N wait + prefill + the pair's KV move meet the TTFT.
     Both are found without the other, so every pair is sized in closed form; full candidates are
     built for the cheapest prefill partners of each decode pool."""
-    relaxed = SLO(ttft_s=3600, tpot_s=slo.tpot_s, percentile=slo.percentile)
     decode_side: list[tuple[_Single, Pool, float]] = []
     for s in singles:
         budget.check()
@@ -503,22 +505,26 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
         unbounded = s.pm.pool.model_copy(update={"instances": MAX_POOL_INSTANCES})
         d = Deployment(mode="disaggregated", prefill=unbounded, decode=one, kv_link=kv_link)
         upper = s.pm.batch_limit(w) / (w.osl.mean * float(s.pm.decode_s(1, w.isl.mean)))
-        cap = _capacity(m, d, w.model_copy(update={"rate": 1.0}), relaxed, upper, (s.pm, s.pm))
+        # the decode side alone must meet the TPOT, and the TTFT with a prefill pool too large to queue
+        # (the prompt's own step, its KV move and the wait for a decode slot): a pair only adds to it
+        cap = _capacity(m, d, w.model_copy(update={"rate": 1.0}), slo, upper, (s.pm, s.pm))
         n_d = _instances(w.rate, cap)
         if n_d > MAX_INSTANCES:
             continue
         trials = [_with_instances(one, n_d + e, whole_nodes) for e in ROUNDING_STEPS if n_d + e >= 1]
         # one decode instance at rate / N is N instances at rate (the prefill side is ignored here)
         a = analyse(m, d, w, np.array([w.rate / t.instances for t in trials]), slo.p, (s.pm, s.pm))
-        ok = a.stable & (a.tpot_p_s <= slo.tpot_s)
+        ok = a.stable & (a.tpot_p_s <= slo.tpot_s) & (a.ttft_p_s <= slo.ttft_s)
         if ok.any():
             decode_side.append((s, trials[int(np.argmax(ok))], cap))
     price = {"gpus": lambda pm, n: float(n), "cost": lambda pm, n: pm.gpu.price_usd_per_hour * n,
              "cost_per_token": lambda pm, n: pm.gpu.price_usd_per_hour * n}[objective]
     pairs: list[tuple[float, int, _Single, Pool, _Single, Pool, float, float]] = []
-    kv_bytes = float(kv_cache_bytes(m, w.isl.mean, singles[0].pm.pool.kv_dtype, tp=1)) if singles else 0.0
     searched = 0
     n = np.arange(1, MAX_PREFILL_INSTANCES + 1)
+    # the KV a decode instance receives per request: every tensor-parallel rank holds its own MLA latent
+    kv_received = [float(kv_cache_bytes(m, w.isl.mean, dec.pm.pool.kv_dtype, tp=dec.pm.pool.tp))
+                   for dec, _, _ in decode_side]
     for p in singles:
         budget.check()
         service = PrefillService.of(p.pm, w, slo.p)
@@ -532,7 +538,7 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
         for j, (dec, dec_pool, cap) in enumerate(decode_side):
             budget.check()
             searched += 1
-            t_kv = kv_move_s(m, kv_bytes, p.pm, dec.pm, kv_link, False, service.mean_s)
+            t_kv = kv_move_s(m, kv_received[j], p.pm, dec.pm, kv_link, False, service.mean_s)
             ok = (prefill_q + t_kv <= slo.ttft_s) & stable
             if not ok.any():
                 continue
@@ -542,9 +548,11 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
             pairs.append((key, j, p, pre_pool, dec, dec_pool, capacity, t_kv))
     out: list[Candidate] = []
     kept: dict[int, int] = {}
+    tried: dict[int, int] = {}
     for _, j, p, pre_pool, dec, dec_pool, capacity, _t_kv in sorted(pairs, key=lambda x: x[0]):
-        if kept.get(j, 0) >= PARTNERS_PER_DECODE_POOL:
+        if kept.get(j, 0) >= PARTNERS_PER_DECODE_POOL or tried.get(j, 0) >= PAIRS_TRIED_PER_DECODE_POOL:
             continue
+        tried[j] = tried.get(j, 0) + 1
         budget.check()
         d = Deployment(mode="disaggregated", prefill=pre_pool, decode=dec_pool, kv_link=kv_link)
         c = _candidate(m, d, w, slo, capacity, (p.pm, dec.pm), whole_nodes)

@@ -36,6 +36,7 @@ from .limits import (
     MAX_TOKENS,
 )
 from .optimizer import CHUNKS, TPS, Objective, Plan, plan
+from .params import active_param_count, param_count
 from .serving import SLO, Deployment, Evaluation, Workload, evaluate
 from .serving.base import Mode, Scheduler
 
@@ -118,7 +119,7 @@ class ModelInfo(BaseModel):
 
 
 def model_info(m: ModelSpec) -> ModelInfo:
-    return ModelInfo(spec=m, param_count=m.param_count(), active_param_count=m.active_param_count(),
+    return ModelInfo(spec=m, param_count=param_count(m), active_param_count=active_param_count(m),
                      kv_bytes_per_token_bf16=kv_bytes_per_token(m, "bf16"))
 
 

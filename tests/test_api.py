@@ -77,7 +77,7 @@ def test_estimate_is_the_python_estimate_plus_formulas():
 
 
 def test_inline_gpu_and_hf_config_model():
-    gpu = pc.load_gpu("h100-sxm").model_dump(mode="json") | {"id": "my-h100", "hbm_gb": 96.0}
+    gpu = pc.load_gpu("h100-sxm").model_dump(mode="json") | {"id": "my-h100", "hbm_gb": 96.0, "memory_runtime_mib": None}
     hf = json.loads((FIXTURES / "meta-llama--Llama-3.1-8B.json").read_text(encoding="utf-8"))
     r = client.post("/v1/estimate", json={"model": {"hf_config": hf}, "gpu": gpu, "isl": 1000, "osl": 100})
     assert r.status_code == 200, r.text

@@ -16,6 +16,7 @@ import calculator as pc
 from calculator.errors import InputError
 from calculator.hf_config import _config_error
 from calculator.limits import MAX_CONFIG_BYTES, MAX_HF_CONFIG_KEYS
+from calculator.params import active_param_count, param_count
 from hardware_db.schema import ModelSpec
 
 CONFIGS = FIXTURES / "hf_configs"
@@ -321,7 +322,7 @@ def test_devices_and_pipes_are_not_read(tmp_path):
 def test_a_byte_order_mark_is_accepted(tmp_path):
     p = tmp_path / "config.json"
     p.write_bytes(b"\xef\xbb\xbf" + (CONFIGS / f"{LLAMA}.json").read_bytes())
-    assert pc.model_from_hf_config(tmp_path).param_count() == 8_030_261_248
+    assert param_count(pc.model_from_hf_config(tmp_path)) == 8_030_261_248
 
 
 # --- the fixtures are unchanged -----------------------------------------------------------------
@@ -346,7 +347,7 @@ def test_every_fixture_keeps_its_parameter_counts():
     assert sorted(PARAMS) == [p.stem for p in FIXTURE_FILES]
     for stem, (total, active) in PARAMS.items():
         m = pc.model_from_hf_config(CONFIGS / f"{stem}.json")
-        assert (m.param_count(), m.active_param_count()) == (total, active), stem
+        assert (param_count(m), active_param_count(m)) == (total, active), stem
 
 
 # --- property: mutated real configs never escape as anything but an InputError ------------------
@@ -399,7 +400,7 @@ def assert_spec_or_input_error(cfg: object, prefix: str) -> None:
         assert not any(word in str(e) for word in ("function-after", "value_error", "Value error"))
     else:
         assert isinstance(m, ModelSpec)
-        assert 0 < m.active_param_count() <= m.param_count()
+        assert 0 < active_param_count(m) <= param_count(m)
     assert time.perf_counter() - t0 < 0.2
 
 

@@ -30,6 +30,7 @@ from calculator.microbench import (
 from calculator.microbench.ceilings import device_spec
 from calculator.microbench.cli import summary
 from calculator.microbench.fit import predict_point_s
+from calculator.params import param_count
 from hardware_db.schema import Efficiency
 
 QUICK = GRIDS[("cpu", True)]
@@ -161,7 +162,7 @@ def test_hf_config_round_trips_through_the_project_importer(name):
     shape = ("num_layers", "hidden_size", "vocab_size", "num_attention_heads", "num_kv_heads", "head_dim",
              "intermediate_size", "qkv_bias", "o_bias", "sliding_window", "num_sliding_layers", "tie_word_embeddings")
     assert {k: getattr(back, k) for k in shape} == {k: getattr(m, k) for k in shape}
-    assert back.param_count() == m.param_count()
+    assert param_count(back) == param_count(m)
 
 
 # --- one quick run on this machine (torch + transformers) ---------------------------------------

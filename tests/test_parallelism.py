@@ -79,3 +79,74 @@ def test_the_simulation_runs_one_stream_of_a_pipelined_instance():
     assert sim.stable and e.stable
     assert e.tpot_s(50) == pytest.approx(sim.tpot_by_percentile_s[50], rel=0.2)
     assert e.ttft_s(90) == pytest.approx(sim.ttft_by_percentile_s[90], rel=0.3)
+
+
+# --- topology, memory as the runtime sees it, and the smaller slips -------------------------------
+
+
+def test_mi300x_tp2_all_reduce_uses_one_xgmi_link():
+    """By hand: a pair of MI300X shares one xGMI link, 448 / 7 = 64 GB/s per direction. Llama-3.1-70B
+    prefill of 4,000 tokens: 160 all-reduces of 4000 x 8192 x 2 B = 65.5 MB, each 2 (2 - 1) / 2 of it
+    over 64 GB/s x 0.8 plus 8 us: 160 x (1.28 ms + 8 us) = 206 ms."""
+    e = pc.estimate("llama-3.1-70b", "mi300x", tp=2, isl=4000, osl=100)
+    ar = next(r for r in e.rows if r.phase == "prefill" and r.group == "tp_allreduce")
+    msg = 4000 * 8192 * 2
+    assert ar.time_s == pytest.approx(160 * (msg / (64e9 * 0.8) + 8e-6), rel=1e-9)
+    # tp8 uses all seven links: 448 GB/s
+    e8 = pc.estimate("llama-3.1-70b", "mi300x", tp=8, isl=4000, osl=100)
+    ar8 = next(r for r in e8.rows if r.phase == "prefill" and r.group == "tp_allreduce")
+    assert ar8.time_s == pytest.approx(160 * (2 * 7 / 8 * msg / (448e9 * 0.8) + 8e-6), rel=1e-9)
+    # a switch gives a pair the whole bandwidth
+    h = pc.estimate("llama-3.1-70b", "h100-sxm", tp=2, isl=4000, osl=100)
+    arh = next(r for r in h.rows if r.phase == "prefill" and r.group == "tp_allreduce")
+    assert arh.time_s == pytest.approx(160 * (msg / (450e9 * 0.8) + 8e-6), rel=1e-9)
+
+
+def test_pcie_collectives_pay_pcie_latency():
+    e = pc.estimate("llama-3.1-8b", "l40s", tp=2, isl=1, osl=2)
+    ar = next(r for r in e.rows if r.phase == "decode" and r.group == "tp_allreduce")
+    assert ar.time_s > 64 * 25e-6  # 64 all-reduces of a few KB: latency-bound at 25 us each
+
+
+def test_memory_is_what_the_runtime_reports():
+    h100 = pc.load_gpu("h100-sxm")
+    assert h100.hbm_bytes == 81559 * 2**20  # nvidia-smi's total, not 80e9
+    # Llama-3.1-70B bf16 on 2x H100 at isl 4000: engines run it every day
+    e = pc.estimate("llama-3.1-70b", "h100-sxm", tp=2, isl=4000, osl=500)
+    assert e.fits and e.max_batch >= 1
+    decimal = h100.model_copy(update={"memory_runtime_mib": None})
+    e4, e4_decimal = (pc.estimate("llama-3.1-70b", g, tp=4, isl=4000, osl=500) for g in (h100, decimal))
+    assert e4.max_batch > e4_decimal.max_batch
+    # a runtime figure that contradicts the datasheet names the field
+    with pytest.raises(pc.InputError, match="memory_runtime_mib"):
+        pc.estimate("llama-3.1-8b", h100.model_dump() | {"hbm_gb": 200.0})
+
+
+def test_fp4_weights_on_hopper_run_at_the_16_bit_rate():
+    h100, b200 = pc.load_gpu("h100-sxm"), pc.load_gpu("b200")
+    assert h100.peak_flops_per_s("fp4") == h100.peak_flops_per_s("bf16")  # weight-only, dequantised
+    assert b200.peak_flops_per_s("fp4") == b200.peak_tflops.fp4 * 1e12
+
+
+def test_parallel_attention_has_one_all_reduce_per_layer():
+    e = pc.estimate("falcon-180b", "h100-sxm", tp=8, isl=2000, osl=10, weight_dtype="fp8")
+    ar = next(r for r in e.rows if r.phase == "prefill" and r.group == "tp_allreduce")
+    assert ar.bytes == pytest.approx(80 * 2000 * 14848 * 2 * 2 * 7 / 8)
+
+
+def test_mla_kv_transfer_ships_a_latent_to_every_tensor_parallel_rank():
+    d = pc.Deployment(mode="disaggregated", prefill=Pool(gpu="h200-sxm", tp=8, weight_dtype="fp8"),
+                      decode=Pool(gpu="h200-sxm", tp=8, weight_dtype="fp8"))
+    e = pc.evaluate("deepseek-v3", d, Workload(rate=1.0, isl=2000, osl=200))
+    latent = pc.kv_cache_bytes("deepseek-v3", 2000, "bf16")  # one copy, all layers
+    # 8 copies over 8 NICs of 50 GB/s at 0.8, plus one latency
+    assert e.kv_transfer_s == pytest.approx(8 * latent / (8 * 50e9 * 0.8) + 8e-6, rel=1e-6)
+
+
+def test_the_hardware_database_imports_nothing_of_the_calculator():
+    import subprocess
+    import sys
+
+    code = "import sys, hardware_db; hardware_db.load_model('deepseek-v3'); print(any(m.startswith('calculator') for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -18,6 +18,7 @@ from typing import Any
 from hardware_db.schema import ModelSpec
 
 from ..kv_cache import kv_cache_bytes, kv_elements_per_token_layer
+from ..params import param_count
 from ..precision import kv_bytes
 from .ceilings import TORCH_DTYPES
 from .models import Grid, hf_config
@@ -100,7 +101,7 @@ class ModelBench:
         self.m, self.grid, self.device, self.dtype = m, grid, device, dtype
         self.model = build_model(m, dtype, device, seed)
         self.param_check = ParamCheck(model=m.id, hf_params=sum(p.numel() for p in self.model.parameters()),
-                                      predicted_params=m.param_count())
+                                      predicted_params=param_count(m))
         self.cache_kw, keep_kw = _forward_kwargs(self.model)
         self.keep = {keep_kw: 1} if keep_kw else {}
         self.gen = torch.Generator(device="cpu").manual_seed(seed + 1)

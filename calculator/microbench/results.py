@@ -117,7 +117,7 @@ class KVCheck(_Out):
 
 
 class ParamCheck(_Out):
-    """Parameters of the transformers model built from a ModelSpec, against ``ModelSpec.param_count()``."""
+    """Parameters of the transformers model built from a ModelSpec, against ``param_count(ModelSpec)``."""
 
     model: str
     hf_params: int = Field(description="sum of numel over the transformers model's parameters")

@@ -286,7 +286,7 @@ def _notes(kv: list[KVCheck], params: list[ParamCheck], device: str) -> tuple[st
                     if bad_kv else ""))
     bad_p = [c for c in params if not c.exact]
     notes.append(f"parameters: {len(params) - len(bad_p)} of {len(params)} transformers models have exactly "
-                 "ModelSpec.param_count() parameters" + (f"; MISMATCH in {', '.join(c.model for c in bad_p)}" if bad_p else ""))
+                 "param_count(ModelSpec) parameters" + (f"; MISMATCH in {', '.join(c.model for c in bad_p)}" if bad_p else ""))
     if device == "cpu":
         notes.append("CPU: one process, torch intra-op threads = the cores this process may run on; the machine should "
                      "be otherwise idle (another busy process stalls every parallel region)")

@@ -24,6 +24,7 @@ from hardware_db.schema import ModelSpec
 
 from .. import formulas as f
 from ..kv_cache import kv_cache_bytes
+from ..phases import group_link_bytes_per_s
 from .base import (
     ATTAINMENT_LEVELS,
     BISECTION_STEPS,
@@ -48,17 +49,18 @@ from .workload import Workload
 def kv_transfer_s(model: ModelSpec, d: Deployment, w: Workload, pre: PoolModel, dec: PoolModel, prefill_s: float) -> float:
     """Visible KV move time of a mean request from the prefill to the decode pool."""
     assert d.prefill is not None and d.decode is not None
-    kv_bytes = float(kv_cache_bytes(model, w.isl.mean, d.decode.kv_dtype, tp=1))
+    kv_bytes = float(kv_cache_bytes(model, w.isl.mean, d.decode.kv_dtype, tp=d.decode.tp))
     return kv_move_s(model, kv_bytes, pre, dec, d.kv_link, d.layerwise_kv_overlap, prefill_s)
 
 
 def kv_move_s(model: ModelSpec, kv_bytes: float, pre: PoolModel, dec: PoolModel, kv_link: str, layerwise: bool,
               prefill_s: float) -> float:
-    """``kv_bytes`` over min(tp_p, tp_d) parallel links (NIC or scale-up) with the link efficiency and
+    """``kv_bytes`` (what the decode instance's GPUs hold together: every tensor-parallel rank needs
+    its own copy of an MLA latent, or of a KV head when tp exceeds the KV heads) over min(tp_p, tp_d) parallel links (NIC or scale-up) with the link efficiency and
     one collective latency; with layer-wise overlap, only what outlasts the prefill (>= one layer)."""
     links = min(pre.pool.tp, dec.pool.tp)
-    if kv_link == "scaleup":
-        per_link = min(pre.gpu.scaleup_bytes_per_s, dec.gpu.scaleup_bytes_per_s)
+    if kv_link == "scaleup":  # GPU to GPU: one pair's link (a full mesh's direct link)
+        per_link = min(group_link_bytes_per_s(pre.gpu, 2), group_link_bytes_per_s(dec.gpu, 2))
     else:
         per_link = min(pre.gpu.scaleout_bytes_per_s, dec.gpu.scaleout_bytes_per_s)
     eff = pre.gpu.efficiency

@@ -406,7 +406,7 @@ def run_deployment(model: ModelSpec, d: Deployment, w: Workload, pools: Sequence
                                      d.max_batched_tokens)
     assert d.decode is not None
     lengths = np.unique(r.isl)
-    whole = np.array([kv_move_s(model, float(kv_cache_bytes(model, v, d.decode.kv_dtype, tp=1)), pre, dec, d.kv_link,
+    whole = np.array([kv_move_s(model, float(kv_cache_bytes(model, v, d.decode.kv_dtype, tp=d.decode.tp)), pre, dec, d.kv_link,
                                 False, 0.0) for v in lengths])[np.searchsorted(lengths, r.isl)]
     if d.layerwise_kv_overlap:  # only what outlasts the prefill is visible (at least one layer's share)
         L = model.num_layers
