@@ -38,10 +38,18 @@ def main() -> None:
     plan_s = median_s(lambda: pc.plan("llama-3.1-70b", workload=w, slo=slo, gpus=gpus), 15)
     all_s = median_s(lambda: pc.plan("llama-3.1-70b", workload=w, slo=slo), 5)
     est_s = median_s(lambda: pc.estimate("llama-3.1-70b", "h200-sxm", tp=4, isl=4000, osl=500), 50)
+    # every catalog mixture-of-experts model, with attention-DP + EP searched (dp 2 ... 32)
+    moe = [mid for mid in pc.list_models() if pc.load_model(mid).moe is not None]
+    moe_w = pc.Workload(rate=12.0, isl=2000, osl=500)
+    moe_s = {mid: median_s(lambda mid=mid: pc.plan(mid, workload=moe_w, slo=slo, gpus=gpus, weight_dtype="fp8"), 5)
+             for mid in moe}
     print(f"machine: {cpu_name()}, {os.cpu_count()} cores, python {platform.python_version()}")
     print(f"plan (llama-3.1-70b, 4 GPU types, all modes, {p.searched} configurations): median {plan_s * 1e3:.0f} ms")
     print(f"plan (llama-3.1-70b, all {len(pc.list_gpus())} GPU types, all modes):            median {all_s * 1e3:.0f} ms")
     print(f"estimate (llama-3.1-70b on h200-sxm tp4):                         median {est_s * 1e3:.2f} ms")
+    slowest = max(moe_s, key=moe_s.get)
+    print(f"plan ({len(moe)} MoE models, fp8, 4 GPU types, dp/ep searched): median of medians "
+          f"{statistics.median(moe_s.values()) * 1e3:.0f} ms, slowest {slowest} {moe_s[slowest] * 1e3:.0f} ms")
 
 
 if __name__ == "__main__":

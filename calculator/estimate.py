@@ -20,8 +20,8 @@ from .arguments import choice, flag, gpu_spec, integer, model_spec, real
 from .errors import InputError
 from .kv_cache import kv_bytes_per_gpu, kv_bytes_per_token, kv_cache_bytes
 from .limits import MAX_BATCH, MAX_PARALLEL, MAX_TOKENS
-from .params import embedding_params, param_count
-from .phases import Group, Setup, phase_bound, setup_for, step_groups, step_time_s
+from .params import embedding_params, param_count, routed_expert_params
+from .phases import DEFAULT_EXPERT_IMBALANCE, Group, Setup, phase_bound, setup_for, step_groups, step_time_s
 from .precision import EMBEDDING_BYTES, GEMM_RATE, KV_DTYPES, WEIGHT_DTYPES, wide_bytes
 
 RUNTIME_RESERVE_BYTES = 2.0e9
@@ -73,6 +73,7 @@ class Estimate(_Out):
     tp: int
     pp: int
     ep: int
+    dp: int = Field(description="attention data-parallel ranks (each tp GPUs with its own sequences)")
     isl: int
     osl: int
     batch: int
@@ -93,7 +94,7 @@ class Estimate(_Out):
     kv_bytes_per_token: float = Field(description="all layers, tp=1, before any sliding-window cap")
     kv_cache_bytes: float = Field(description="KV of the whole batch at isl+osl tokens, all layers, all GPUs")
     weights_bytes_per_gpu: float
-    max_batch: int = Field(description="sequences of isl+osl tokens whose KV fits per instance")
+    max_batch: int = Field(description="sequences of isl+osl tokens whose KV fits per instance (all dp ranks)")
     memory: MemoryBreakdown
     prefill_bound: BoundName | None
     decode_bound: BoundName | None
@@ -125,8 +126,10 @@ def memory_breakdown(
 ) -> MemoryBreakdown:
     m, g = setup.model, setup.gpu
     v = setup.values
+    # attention-DP: every rank holds the attention and dense weights, the routed experts are spread over all ranks
+    shared = param_count(m) - routed_expert_params(m) * (1 - 1 / setup.dp)
     weights = float(f.weights_bytes_per_gpu(
-        v, N=param_count(m), N_emb=embedding_params(m), b_e=wide_bytes(setup.weight_dtype, EMBEDDING_BYTES), pp=setup.pp
+        v, N=shared, N_emb=embedding_params(m), b_e=wide_bytes(setup.weight_dtype, EMBEDDING_BYTES), pp=setup.pp
     ))
     workspace = float(f.activation_workspace_bytes(v, T=max_batched_tokens, b=min(batch, max_batched_tokens))) / setup.pp
     per_seq = float(kv_bytes_per_gpu(m, isl + osl, setup.kv_dtype, tp=setup.tp, pp=setup.pp))
@@ -142,11 +145,12 @@ def memory_breakdown(
     )
 
 
-def _check_arguments(tp: int, pp: int, ep: int, isl: int, osl: int, batch: int, weight_dtype: str, kv_dtype: str,
-                     prefix_hit: float, gpu_memory_utilisation: float, rows: bool, m: ModelSpec) -> tuple[int, ...]:
+def _check_arguments(tp: int, pp: int, ep: int, dp: int, isl: int, osl: int, batch: int, weight_dtype: str,
+                     kv_dtype: str, prefix_hit: float, gpu_memory_utilisation: float, rows: bool, m: ModelSpec
+                     ) -> tuple[int, ...]:
     """The integers as ints; every argument checked against the REST bounds and the context window."""
     ints = tuple(integer(name, value, 1, high) for name, value, high in (
-        ("tp", tp, MAX_PARALLEL), ("pp", pp, MAX_PARALLEL), ("ep", ep, MAX_PARALLEL),
+        ("tp", tp, MAX_PARALLEL), ("pp", pp, MAX_PARALLEL), ("ep", ep, MAX_PARALLEL), ("dp", dp, MAX_PARALLEL),
         ("isl", isl, MAX_TOKENS), ("osl", osl, MAX_TOKENS), ("batch", batch, MAX_BATCH)))
     choice("weight_dtype", weight_dtype, WEIGHT_DTYPES)
     choice("kv_dtype", kv_dtype, KV_DTYPES)
@@ -172,6 +176,8 @@ def estimate(
     prefix_hit: float = 0.0,
     ep: int = 1,
     gpu_memory_utilisation: float = 0.9,
+    dp: int = 1,
+    expert_imbalance: float = DEFAULT_EXPERT_IMBALANCE,
     calibration: Efficiency | Mapping[str, Any] | str | os.PathLike[str] | None = None,
     rows: bool = True,
 ) -> Estimate:
@@ -186,20 +192,24 @@ def estimate(
     """
     m = model_spec(model)
     g = gpu_spec(gpu)
-    tp, pp, ep, isl, osl, batch = _check_arguments(tp, pp, ep, isl, osl, batch, weight_dtype, kv_dtype, prefix_hit,
-                                                   gpu_memory_utilisation, rows, m)
+    tp, pp, ep, dp, isl, osl, batch = _check_arguments(tp, pp, ep, dp, isl, osl, batch, weight_dtype, kv_dtype,
+                                                       prefix_hit, gpu_memory_utilisation, rows, m)
+    real("expert_imbalance", expert_imbalance, 1.0, 16.0)
     if calibration is not None:
         from .calibration import apply_calibration
 
         g = apply_calibration(g, calibration)
-    setup = setup_for(m, g, tp=tp, pp=pp, ep=ep, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
-    mem = memory_breakdown(setup, isl, osl, batch, gpu_memory_utilisation)
+    setup = setup_for(m, g, tp=tp, pp=pp, ep=ep, weight_dtype=weight_dtype, kv_dtype=kv_dtype, dp=dp,
+                      expert_imbalance=float(expert_imbalance))
+    # attention-DP: the batch is spread over the dp ranks, each with its own sequences and KV
+    rank_batch = -(-batch // dp)
+    mem = memory_breakdown(setup, isl, osl, rank_batch, gpu_memory_utilisation)
     per_seq = mem.kv_bytes_per_sequence
-    max_b = int(f.max_batch(u=gpu_memory_utilisation, M_hbm=g.hbm_bytes, W_b=mem.weights_bytes,
-                            A_b=mem.activation_workspace_bytes, R_b=mem.runtime_reserve_bytes, K_seq=per_seq))
+    max_b = dp * int(f.max_batch(u=gpu_memory_utilisation, M_hbm=g.hbm_bytes, W_b=mem.weights_bytes,
+                                 A_b=mem.activation_workspace_bytes, R_b=mem.runtime_reserve_bytes, K_seq=per_seq))
     common = dict(
-        model=m.id, gpu=g.id, tp=tp, pp=pp, ep=ep, isl=isl, osl=osl, batch=batch, weight_dtype=weight_dtype,
-        kv_dtype=kv_dtype, prefix_hit=prefix_hit, num_gpus=tp * pp,
+        model=m.id, gpu=g.id, tp=tp, pp=pp, ep=ep, dp=dp, isl=isl, osl=osl, batch=batch, weight_dtype=weight_dtype,
+        kv_dtype=kv_dtype, prefix_hit=prefix_hit, num_gpus=tp * pp * dp,
         kv_bytes_per_token=kv_bytes_per_token(m, kv_dtype),
         kv_cache_bytes=float(kv_cache_bytes(m, isl + osl, kv_dtype, tp=tp)) * batch,
         weights_bytes_per_gpu=mem.weights_bytes, max_batch=max_b, memory=mem,
@@ -214,13 +224,15 @@ def estimate(
         )
     cached = int(round(isl * prefix_hit))
     new = isl - cached
-    pre = step_groups(setup, S=new, P=cached, b=batch, phase="prefill")
+    # attention-DP ranks are taken as equally loaded (an idle rank still joins every MoE step, as engines pad
+    # it with a dummy batch), so with fewer requests than ranks this over-counts the expert work
+    pre = step_groups(setup, S=new, P=cached, b=max(batch / dp, 1.0), phase="prefill")
     prefill_s = float(step_time_s(pre, setup))
     mean_ctx = isl + (osl + 1) / 2
     contexts = np.array([isl + 1, mean_ctx, isl + osl], dtype=float)
     # pipeline parallelism: the batch decodes as pp micro-batches in flight, one per stage (a step
     # of a micro-batch crosses every stage; the stages work on the others meanwhile)
-    micro_batch = max(batch / pp, 1.0)
+    micro_batch = max(batch / (pp * dp), 1.0)
     dec = step_groups(setup, S=1, P=contexts - 1, b=micro_batch, phase="decode")
     dec_times = step_time_s(dec, setup)
     first, mean, last = (float(x) for x in dec_times)

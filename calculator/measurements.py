@@ -24,6 +24,11 @@ MEASUREMENTS_FILE = DATA_DIR / "measurements.yaml"
 _MODELS = (("Llama-3.1-8B", "llama-3.1-8b"), ("Llama-3.3-70B", "llama-3.3-70b"), ("Llama-3.1-405B", "llama-3.1-405b"),
            ("Llama-2-70B", "llama-2-70b"), ("DeepSeek-R1", "deepseek-v3"))
 _GPUS = (("GB200", "gb200"), ("B200", "b200"), ("H200", "h200-sxm"), ("H100", "h100-sxm"), ("A100", "a100-sxm-80gb"))
+DEP_RANK_MAX_BATCH = {"h200-sxm": 128, "b200": 384, "gb200": 384}
+"""Sequences per attention-DP rank in TensorRT-LLM's DeepSeek-R1 max-throughput recipes (trtllm-bench
+``--max_batch_size`` with ``enable_attention_dp``: 128 on H200, 384 on B200; GB200 taken as B200):
+NVIDIA/TensorRT-LLM docs/source/blogs/Best_perf_practice_on_DeepSeek-R1_in_TensorRT-LLM.md."""
+
 _METRICS = {"max_output_throughput_total", "max_output_throughput_per_gpu", "output_throughput_per_gpu",
             "first_token_latency"}
 
@@ -43,10 +48,12 @@ class Measurement:
     metric: str
     value: float
     static_batch: int | None
+    dp: int = 1
+    """Attention data-parallel ranks (TensorRT-LLM's DEP rows: their tp column is the attention-DP size)."""
 
     @property
     def num_gpus(self) -> int:
-        return self.tp
+        return self.tp * self.dp
 
 
 def _match(text: str, table: tuple[tuple[str, str], ...]) -> str | None:
@@ -79,8 +86,10 @@ def load_measurements(path: str | Path = MEASUREMENTS_FILE) -> list[Measurement]
         if r.get("source_kind") != "vendor_table" or r["metric"] not in _METRICS or not model or not gpu:
             continue
         batch = re.search(r"static batch (\d+)", str(r["batch_or_concurrency_or_rate"]))
+        dep = re.search(r"-dep\d+-", r["id"]) is not None  # attention-DP + EP: the tp column is the DP size
         out.append(Measurement(
-            id=r["id"], source=r["source"], model=model, gpu=gpu, tp=int(r["tp"]), ep=int(r["ep"] or 1),
+            id=r["id"], source=r["source"], model=model, gpu=gpu, tp=1 if dep else int(r["tp"]),
+            dp=int(r["tp"]) if dep else 1, ep=int(r["ep"] or 1),
             isl=int(r["isl"]), osl=int(r["osl"]), weight_dtype=_dtype(r["weights_dtype"]),
             kv_dtype=_kv_dtype(str(r["kv_dtype"]), str(r["model"])),
             metric=r["metric"], value=float(r["value"]), static_batch=int(batch.group(1)) if batch else None,
@@ -92,8 +101,9 @@ def predict(meas: Measurement, gpu: GPUSpec | None = None) -> float:
     """pdplan's figure for a measurement, in the measurement's own unit."""
     g = gpu or load_gpu(meas.gpu)
     setup = Setup(load_model(meas.model), g, tp=meas.tp, ep=meas.ep, weight_dtype=meas.weight_dtype,
-                  kv_dtype=meas.kv_dtype)
+                  kv_dtype=meas.kv_dtype, dp=meas.dp)
     if meas.metric == "first_token_latency":
         return 1e3 * float(step_time_s(step_groups(setup, S=meas.isl, P=0, b=1, phase="prefill"), setup))
-    total = offline_throughput(setup, meas.isl, meas.osl, batch=meas.static_batch)
+    cap = DEP_RANK_MAX_BATCH.get(meas.gpu, 2048) * meas.dp if meas.dp > 1 else 2048
+    total = offline_throughput(setup, meas.isl, meas.osl, batch=meas.static_batch, engine_max_batch=cap)
     return total if meas.metric == "max_output_throughput_total" else total / meas.num_gpus

@@ -58,6 +58,11 @@ MAX_POOL_INSTANCES = 10_000  # Pool.instances' upper bound
 MAX_CANDIDATES = 40
 NODE_GPUS = 8
 PIPELINE_STAGES = (2, 4)
+DPS = (8, 16, 32)
+DP_CHOICES = (2, 4, 8, 16, 32, 64)
+MAX_DP = max(DP_CHOICES)
+"""Attention data-parallel degrees the planner tries for mixture-of-experts models (tp 1, experts over
+all dp GPUs: DeepSeek-style DEP; 16 and 32 span nodes, so their all-to-all crosses the NIC)."""
 
 
 class Candidate(BaseModel):
@@ -144,7 +149,9 @@ def _describe(c: Candidate) -> str:
 
 
 def _layout(p: Pool) -> str:
-    return f"tp{p.tp}" + (f" pp{p.pp}" if p.pp > 1 else "")
+    if p.dp > 1:
+        return f"dp{p.dp} ep{p.ep}" + (f" tp{p.tp}" if p.tp > 1 else "") + (f" pp{p.pp}" if p.pp > 1 else "")
+    return f"tp{p.tp}" + (f" ep{p.ep}" if p.ep > 1 else "") + (f" pp{p.pp}" if p.pp > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -156,7 +163,7 @@ class _Single:
 
 
 def _nodes(pool: Pool) -> int:
-    per = pool.tp * pool.pp
+    per = pool.tp * pool.pp * pool.dp
     if per >= NODE_GPUS:
         return pool.instances * math.ceil(per / NODE_GPUS)
     return math.ceil(pool.instances / (NODE_GPUS // per))
@@ -199,7 +206,7 @@ def _instances(rate: float, capacity: float) -> int:
 
 def _with_instances(pool: Pool, n: int, whole_nodes: bool) -> Pool:
     """The pool at n instances; with ``whole_nodes``, as many instances as its whole 8-GPU nodes hold."""
-    per = pool.tp * pool.pp
+    per = pool.tp * pool.pp * pool.dp
     if whole_nodes and per < NODE_GPUS:
         n = math.ceil(n / (NODE_GPUS // per)) * (NODE_GPUS // per)
     return pool.model_copy(update={"instances": n})
@@ -227,7 +234,7 @@ def _candidate_from(d: Deployment, a: ModeArrays, i, w: Workload, slo: SLO, capa
     cap_pool = pools[-1]  # the pool that decodes
     batch_cap = int(min(max(math.ceil(2 * batch + z * math.sqrt(batch) + 1), 1), max(math.floor(cap_pool.batch_limit(w)), 1),
                         cap_pool.batch_cap))
-    max_batch = batch_cap * cap_pool.pool.streams  # per engine above; max_num_seqs is per instance
+    max_batch = batch_cap * cap_pool.pool.micro_batches  # per engine above; max_num_seqs is per instance (DP rank)
     if d.mode == "disaggregated":
         d = d.model_copy(update={"decode": d.decode.model_copy(update={"max_batch": max_batch})})  # type: ignore[union-attr]
     else:
@@ -324,8 +331,8 @@ def _single_pool_candidates(m: ModelSpec, s: _Single, w: Workload, slo: SLO, mod
         searched += len(protos)
         n = np.array([_instances(w.rate, c) for c in caps])
         trial_n = np.maximum(n[:, None] + np.array(ROUNDING_STEPS)[None, :], 1)
-        if whole_nodes and one.tp * one.pp < NODE_GPUS:
-            per_node = NODE_GPUS // (one.tp * one.pp)
+        if whole_nodes and one.tp * one.pp * one.dp < NODE_GPUS:
+            per_node = NODE_GPUS // (one.tp * one.pp * one.dp)
             trial_n = np.ceil(trial_n / per_node) * per_node
         with np.errstate(all="ignore"):
             a = evaluate_at(w.rate / np.minimum(trial_n, MAX_INSTANCES))
@@ -369,6 +376,7 @@ def plan(
     kv_link: Literal["scaleout", "scaleup"] = "scaleout",
     whole_nodes: bool = False,
     scheduler: Scheduler = "hybrid",
+    dps: Sequence[int] | int = DPS,
     _verify_nearest: bool = True,
 ) -> Plan:
     """Rank deployments that meet ``slo`` at ``workload.rate``; say why when none does.
@@ -383,7 +391,9 @@ def plan(
     ``workload.isl.samples``), among them a workload whose longest prompt and output exceed the
     model's context window. The search checks ``pc.deadline``'s budget between configurations.
     Pipeline stages (pp 2, 4) are tried only for GPU types on which the model does not fit at the
-    largest tp: in serving, pp only adds stage hand-offs when tp alone suffices.
+    largest tp: in serving, pp only adds stage hand-offs when tp alone suffices. For a
+    mixture-of-experts model, ``dps`` are the attention data-parallel degrees tried (tp 1, ep = dp;
+    an empty list tries none).
     """
     m = model_spec(model)
     workload = as_model("workload", workload, Workload)
@@ -396,6 +406,9 @@ def plan(
     choice("scheduler", scheduler, SCHEDULERS)
     tps = tuple(choice(f"tps.{i}", integer(f"tps.{i}", t, 1, MAX_TP), TP_CHOICES)
                 for i, t in enumerate(items("tps", tps, len(TP_CHOICES), (int, np.integer))))
+    dps = () if isinstance(dps, (list, tuple)) and not dps else tuple(
+        choice(f"dps.{i}", integer(f"dps.{i}", d, 2, MAX_DP), DP_CHOICES)
+        for i, d in enumerate(items("dps", dps, len(DP_CHOICES), (int, np.integer))))
     chunk_sizes = tuple(integer(f"chunk_sizes.{i}", c, MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS)
                         for i, c in enumerate(items("chunk_sizes", chunk_sizes, MAX_CHUNK_BUDGETS, (int, np.integer))))
     choice("weight_dtype", weight_dtype, WEIGHT_DTYPES)
@@ -404,7 +417,7 @@ def plan(
     whole_nodes = flag("whole_nodes", whole_nodes)
     check_context(m, workload)
 
-    singles = _singles(m, specs, tps, workload, weight_dtype, kv_dtype)
+    singles = _singles(m, specs, tps, workload, weight_dtype, kv_dtype, dps)
     cands: list[Candidate] = []
     points: list[_Points] = []  # Pareto material: every stable (configuration, load) on the rate grids
     searched = 0
@@ -443,8 +456,10 @@ def plan(
 
 
 def _singles(m: ModelSpec, specs: list[GPUSpec], tps: tuple[int, ...], w: Workload, weight_dtype: WeightDtype,
-             kv_dtype: KVDtype) -> list[_Single]:
-    """One PoolModel per (GPU, tp[, pp]) on which the model and one sequence's KV fit."""
+             kv_dtype: KVDtype, dps: tuple[int, ...] = DPS) -> list[_Single]:
+    """One PoolModel per (GPU, tp[, pp]) on which the model and one sequence's KV fit, and for a
+    mixture-of-experts model that does not fit one GPU per (GPU, dp) with attention data-parallelism
+    and ep = dp."""
     out = []
     for gpu in specs:
         g = gpu.id
@@ -467,6 +482,15 @@ def _singles(m: ModelSpec, specs: list[GPUSpec], tps: tuple[int, ...], w: Worklo
                 if pm.fits:
                     out.append(_Single(g, top_tp, pp, pm))
                     break
+        # attention-DP + EP pays when the experts do not fit one GPU (each rank then holds only its share);
+        # a mixture-of-experts model that fits one GPU is served best by more whole instances
+        fits_one = any(s.gpu == g and s.tp == 1 and s.pm.pool.pp == 1 for s in out)
+        for dp in dps if m.moe is not None and not fits_one else ():
+            budget.check()
+            pool = Pool(gpu=g, tp=1, dp=dp, ep=dp, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+            pm = PoolModel.build(m, pool, w, gpu)
+            if pm.fits:
+                out.append(_Single(g, 1, 1, pm))
     return out
 
 
@@ -521,7 +545,6 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
              "cost_per_token": lambda pm, n: pm.gpu.price_usd_per_hour * n}[objective]
     pairs: list[tuple[float, int, _Single, Pool, _Single, Pool, float, float]] = []
     searched = 0
-    n = np.arange(1, MAX_PREFILL_INSTANCES + 1)
     # the KV a decode instance receives per request: every tensor-parallel rank holds its own MLA latent
     kv_received = [float(kv_cache_bytes(m, w.isl.mean, dec.pm.pool.kv_dtype, tp=dec.pm.pool.tp))
                    for dec, _, _ in decode_side]
@@ -530,11 +553,17 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
         service = PrefillService.of(p.pm, w, slo.p)
         if service.quantile_s >= slo.ttft_s:
             continue
-        # p-quantile of arrival to end of prefill for 1 ... N prefill instances (batched steps)
+        # p-quantile of arrival to end of prefill for N prefill instances (batched steps): from the fewest
+        # that keep up with the rate to four times as many (by then the queue is gone, and a TTFT that
+        # is still missed stays missed)
+        pool_rps = prefill_capacity(p.pm, w, PREFILL_BUDGET_TOKENS) * p.pm.pool.streams
+        fewest = max(1, math.floor(w.rate / pool_rps)) if pool_rps > 0 else MAX_PREFILL_INSTANCES
+        n = np.arange(fewest, min(MAX_PREFILL_INSTANCES, 4 * fewest + 16) + 1)
+        if n.size == 0:
+            continue
         _, prefill_q, busy = prefill_time(p.pm, w, w.rate, n * p.pm.pool.streams, PREFILL_BUDGET_TOKENS, [slo.p])
         prefill_q = prefill_q[..., 0]
         stable = (busy < 1) & np.isfinite(prefill_q)
-        pool_rps = prefill_capacity(p.pm, w, PREFILL_BUDGET_TOKENS) * p.pm.pool.streams
         for j, (dec, dec_pool, cap) in enumerate(decode_side):
             budget.check()
             searched += 1

@@ -34,6 +34,13 @@ from .precision import (
     wide_bytes,
 )
 
+DEFAULT_EXPERT_IMBALANCE = 1.2
+"""Routed tokens on the busiest expert-parallel GPU over the mean, with expert-parallel load
+balancing (redundant experts): TensorRT-LLM measures 1.11 for DeepSeek-R1 at EP32 with 32 redundant
+experts (2.56 without; NVIDIA TensorRT-LLM blog "Scaling Expert Parallelism in TensorRT-LLM, part
+1", Table 1); SGLang's EP32 prefill runs 1.18x faster with simulated perfect balance (LMSYS blog,
+2025-05-05); Ant Group reports a mean/max balance above 0.7 (max/mean below 1.43) on H20."""
+
 Phase = Literal["prefill", "decode"]
 Bound = Literal["compute", "memory", "communication", "latency"]
 
@@ -56,16 +63,30 @@ class Setup:
     ep: int = 1
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
+    dp: int = 1
+    """Attention data-parallel ranks (DeepSeek-style attention-DP + expert parallelism): each rank of
+    tp GPUs runs attention and the dense layers on its own sequences and KV; the routed experts are
+    spread over all dp x tp GPUs (ep = dp x tp) and every token is dispatched to its experts' GPUs."""
+    expert_imbalance: float = DEFAULT_EXPERT_IMBALANCE
+    """With ep > 1: routed tokens on the busiest GPU / the mean (the step waits for it)."""
     values: dict[str, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         m, g = self.model, self.gpu
-        for name, v in (("tp", self.tp), ("pp", self.pp), ("ep", self.ep)):
+        for name, v in (("tp", self.tp), ("pp", self.pp), ("ep", self.ep), ("dp", self.dp)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise InputError(name, f"must be a positive integer, got {v!r}")
-        if self.ep > 1 and m.moe is None:
-            raise InputError("ep", "expert parallelism needs a mixture-of-experts model")
-        if self.tp % self.ep != 0:
+        if not isinstance(self.expert_imbalance, (int, float)) or not 1.0 <= self.expert_imbalance <= 16.0:
+            raise InputError("expert_imbalance", f"must be a number in 1 ... 16 (busiest GPU's routed tokens / the "
+                                                 f"mean), got {self.expert_imbalance!r}")
+        if (self.ep > 1 or self.dp > 1) and m.moe is None:
+            raise InputError("ep" if self.ep > 1 else "dp",
+                             "expert parallelism and attention data-parallelism need a mixture-of-experts model (a "
+                             "dense model takes more instances instead)")
+        if self.dp > 1 and self.ep != self.dp * self.tp:
+            raise InputError("ep", f"with attention data-parallelism the experts are spread over every GPU of the "
+                                   f"instance: ep = dp x tp = {self.dp * self.tp}, got ep={self.ep}")
+        if self.dp == 1 and self.tp % self.ep != 0:
             raise InputError("ep", f"must divide tp (experts are split inside the tensor-parallel group), "
                                    f"got ep={self.ep}, tp={self.tp}")
         if m.num_attention_heads % self.tp:
@@ -85,6 +106,8 @@ class Setup:
         )
         object.__setattr__(self, "values", v)
         object.__setattr__(self, "tp_link_bytes_per_s", group_link_bytes_per_s(g, self.tp))
+        # expert dispatch and combine cross the whole expert-parallel group (a NIC beyond one node)
+        object.__setattr__(self, "ep_link_bytes_per_s", group_link_bytes_per_s(g, self.dp * self.tp))
         # a stage sends to the next over one pair of GPUs: inside the node when all stages fit in it
         object.__setattr__(self, "pp_link_bytes_per_s", group_link_bytes_per_s(
             g, 2 if self.tp * self.pp <= g.scaleup_domain_gpus else g.scaleup_domain_gpus + 1))
@@ -152,10 +175,11 @@ def group_link_bytes_per_s(gpu: GPUSpec, group_gpus: int) -> float:
 
 @lru_cache(maxsize=512)
 def setup_for(model: ModelSpec, gpu: GPUSpec, tp: int = 1, pp: int = 1, ep: int = 1, weight_dtype: str = "bf16",
-              kv_dtype: str = "bf16") -> Setup:
+              kv_dtype: str = "bf16", dp: int = 1, expert_imbalance: float = DEFAULT_EXPERT_IMBALANCE) -> Setup:
     """``Setup(...)``, shared between calls with the same arguments (specs are frozen, so a setup
     never changes; building one evaluates a dozen formulas)."""
-    return Setup(model, gpu, tp=tp, pp=pp, ep=ep, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+    return Setup(model, gpu, tp=tp, pp=pp, ep=ep, weight_dtype=weight_dtype, kv_dtype=kv_dtype, dp=dp,
+                 expert_imbalance=expert_imbalance)
 
 
 @dataclass(frozen=True)
@@ -256,14 +280,17 @@ def step_groups(
         ))
 
     # MoE layers: k routed + shared experts per token; weights of the distinct experts touched
+    # With attention-DP every rank runs this step on its own T tokens at once: the routed experts, spread
+    # over all dp x tp GPUs, see dp x T tokens, and the busiest GPU gets expert_imbalance x its share.
     if m.moe is not None:
         Lm = m.num_moe_layers
-        active_per_layer = m.moe.experts_per_token * setup.expert_params_each + setup.moe_fixed_params / Lm
-        touched = f.expected_experts_touched(v, T=T)
+        imbalance = setup.expert_imbalance if setup.ep > 1 else 1.0
+        routed = m.moe.experts_per_token * setup.expert_params_each * imbalance
+        touched = f.expected_experts_touched(v, T=T * setup.dp)
         groups.append(_roofline(
             "moe",
-            f.gemm_flops(v, N_lin=active_per_layer * Lm / tp, T=T),
-            v["b_w"] * (touched * setup.expert_params_each * Lm + setup.moe_fixed_params) / tp
+            f.gemm_flops(v, N_lin=(routed * Lm + setup.moe_fixed_params) / tp, T=T),
+            v["b_w"] * (touched * setup.expert_params_each * Lm / setup.dp + setup.moe_fixed_params) / tp
             + f.gemm_activation_bytes(v, T=T, X_io=setup.io_width_moe * Lm),
             gemm_peak, KERNELS_PER_LAYER["moe"] * Lm, setup,
         ))
@@ -320,8 +347,11 @@ def _communication(setup: Setup, T: np.ndarray) -> list[Group]:
         out.append(_comm_group("tp_allreduce", t, n_ar * msg * 2 * (setup.tp - 1) / setup.tp, "ring_allreduce_time"))
     if setup.ep > 1:
         n_a2a = 2 * m.num_moe_layers  # dispatch + combine
-        a2a_msg = msg * m.moe.experts_per_token / setup.ep  # type: ignore[union-attr]
-        t = f.alltoall_time(v, n_coll=n_a2a, M=a2a_msg, beta_link=setup.tp_link_bytes_per_s)
+        k = m.moe.experts_per_token  # type: ignore[union-attr]
+        # attention-DP: each GPU sends its rank's tokens (split over the rank's tp GPUs) to k experts'
+        # GPUs; experts inside the tensor-parallel group: each GPU sends 1/ep of the (replicated) tokens
+        a2a_msg = msg * k / setup.tp if setup.dp > 1 else msg * k / setup.ep
+        t = f.alltoall_time(v, n_coll=n_a2a, M=a2a_msg, beta_link=setup.ep_link_bytes_per_s)
         out.append(_comm_group("ep_alltoall", t, n_a2a * a2a_msg, "alltoall_time"))
     if setup.pp > 1:
         t = f.p2p_time(v, n_coll=setup.pp - 1, M=msg, beta_link=setup.pp_link_bytes_per_s)

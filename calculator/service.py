@@ -35,8 +35,9 @@ from .limits import (
     MAX_SWEEP_POINTS,
     MAX_TOKENS,
 )
-from .optimizer import CHUNKS, TPS, Objective, Plan, plan
+from .optimizer import CHUNKS, DPS, TPS, Objective, Plan, plan
 from .params import active_param_count, param_count
+from .phases import DEFAULT_EXPERT_IMBALANCE
 from .serving import SLO, Deployment, Evaluation, Workload, evaluate
 from .serving.base import Mode, Scheduler
 
@@ -236,7 +237,11 @@ class EstimateRequest(_Request):
     gpu: GPURef
     tp: int = Field(default=1, ge=1, le=MAX_PARALLEL)
     pp: int = Field(default=1, ge=1, le=MAX_PARALLEL)
-    ep: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="expert parallelism inside the tp group (MoE)")
+    ep: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="expert-parallel degree (MoE): divides tp, or is "
+                    "dp x tp with attention data-parallelism")
+    dp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="attention data-parallel ranks of tp GPUs (MoE)")
+    expert_imbalance: float = Field(default=DEFAULT_EXPERT_IMBALANCE, ge=1.0, le=16.0,
+                                    description="with ep > 1: routed tokens on the busiest GPU / the mean")
     isl: Tokens = 1024
     osl: Tokens = 256
     batch: int = Field(default=1, ge=1, le=MAX_BATCH)
@@ -258,7 +263,8 @@ BASE_ESTIMATE_FORMULAS = ("weights_bytes_per_gpu", "kv_bytes_context", "kv_budge
 
 
 def run_estimate(req: EstimateRequest) -> EstimateResponse:
-    e = estimate(resolve_model(req.model), resolve_gpu(req.gpu), tp=req.tp, pp=req.pp, ep=req.ep, isl=req.isl,
+    e = estimate(resolve_model(req.model), resolve_gpu(req.gpu), tp=req.tp, pp=req.pp, ep=req.ep, dp=req.dp,
+                 expert_imbalance=req.expert_imbalance, isl=req.isl,
                  osl=req.osl, batch=req.batch, weight_dtype=req.weight_dtype, kv_dtype=req.kv_dtype,
                  prefix_hit=req.prefix_hit, gpu_memory_utilisation=req.gpu_memory_utilisation,
                  calibration=req.calibration, rows=True)
@@ -291,6 +297,9 @@ class PlanRequest(_Request):
     whole_nodes: bool = False
     scheduler: Scheduler = Field(default="hybrid", description="mixed mode's scheduler: hybrid (vLLM V1, SGLang, "
                                  "TensorRT-LLM) or prefill_first (vLLM V0)")
+    dps: list[Literal[2, 4, 8, 16, 32, 64]] = Field(
+        default=list(DPS), max_length=6, description="mixture-of-experts models: attention data-parallel degrees to "
+        "try (tp 1, ep = dp); empty: none")
 
 
 class PlanResponse(BaseModel):
@@ -303,7 +312,7 @@ def run_plan(req: PlanRequest) -> PlanResponse:
              gpus=list(req.gpus) if req.gpus is not None else None, modes=list(req.modes) if req.modes else None,
              objective=req.objective, tps=tuple(req.tps), chunk_sizes=tuple(req.chunk_sizes),
              weight_dtype=req.weight_dtype, kv_dtype=req.kv_dtype, kv_link=req.kv_link, whole_nodes=req.whole_nodes,
-             scheduler=req.scheduler)
+             scheduler=req.scheduler, dps=tuple(req.dps))
     return PlanResponse(plan=p, explanation=p.explain())
 
 

@@ -31,20 +31,27 @@ def prefill_time_per_request_s(setup: Setup, isl: int, max_batched_tokens: int =
 
 def saturated_batch(setup: Setup, isl: int, osl: int, gpu_memory_utilisation: float = 0.9,
                     engine_max_batch: int = DEFAULT_ENGINE_MAX_BATCH) -> int:
+    """Sequences one attention data-parallel rank (the whole instance when dp = 1) runs at saturation:
+    what its KV memory holds, within its share of the engine's cap."""
     mem = memory_breakdown(setup, isl, osl, 1, gpu_memory_utilisation)
     fit = int(max_batch_formula(u=gpu_memory_utilisation, M_hbm=mem.hbm_bytes, W_b=mem.weights_bytes,
                                 A_b=mem.activation_workspace_bytes, R_b=mem.runtime_reserve_bytes,
                                 K_seq=mem.kv_bytes_per_sequence))
-    return min(fit, engine_max_batch)
+    return min(fit, engine_max_batch // setup.dp)  # per attention data-parallel rank
 
 
 def offline_throughput(setup: Setup, isl: int, osl: int, batch: int | None = None,
-                       gpu_memory_utilisation: float = 0.9) -> float:
-    """Output tokens/s of one instance (all its GPUs) at saturation, or with a fixed static ``batch``."""
-    b = batch if batch is not None else saturated_batch(setup, isl, osl, gpu_memory_utilisation)
+                       gpu_memory_utilisation: float = 0.9, engine_max_batch: int = DEFAULT_ENGINE_MAX_BATCH) -> float:
+    """Output tokens/s of one instance (all its GPUs) at saturation, or with a fixed static ``batch``.
+    With attention data-parallelism each of the dp ranks runs its own batch (the saturated one, or
+    ``batch`` / dp), and the instance's throughput is dp times a rank's."""
+    if batch is not None:
+        b = max(1, round(batch / setup.dp))
+    else:
+        b = saturated_batch(setup, isl, osl, gpu_memory_utilisation, engine_max_batch)
     if b < 1:
         return 0.0
     t_pre = prefill_time_per_request_s(setup, isl)
     mean_ctx = isl + (osl + 1) / 2
     t_dec = float(step_time_s(step_groups(setup, S=1, P=np.asarray(mean_ctx - 1), b=b, phase="decode"), setup))
-    return b * osl / (b * t_pre + osl * t_dec) if math.isfinite(t_dec) else 0.0
+    return setup.dp * b * osl / (b * t_pre + osl * t_dec) if math.isfinite(t_dec) else 0.0

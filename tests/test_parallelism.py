@@ -150,3 +150,78 @@ def test_the_hardware_database_imports_nothing_of_the_calculator():
     code = "import sys, hardware_db; hardware_db.load_model('deepseek-v3'); print(any(m.startswith('calculator') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# --- attention data-parallelism + expert parallelism ------------------------------------------------
+
+DS = {"isl": 2000, "osl": 500, "weight_dtype": "fp8", "kv_dtype": "fp8"}
+
+
+def test_attention_dp_holds_the_mla_latent_once_per_rank():
+    """DeepSeek-V3 fp8 on 8x H200. tp8 keeps the MLA latent on all 8 GPUs, dp8 + ep8 one copy per rank:
+    about 5x the sequences (not 8x: every rank also holds the attention, dense and shared-expert
+    weights, the routed experts are spread)."""
+    from calculator.params import param_count, routed_expert_params
+
+    tp8 = pc.estimate("deepseek-v3", "h200-sxm", tp=8, **DS)
+    dp8 = pc.estimate("deepseek-v3", "h200-sxm", tp=1, dp=8, ep=8, **DS)
+    assert dp8.num_gpus == tp8.num_gpus == 8
+    assert dp8.max_batch > 4.5 * tp8.max_batch
+    m = pc.load_model("deepseek-v3")
+    emb = 2 * m.vocab_size * m.hidden_size
+    shared = param_count(m) - routed_expert_params(m) * 7 / 8  # routed experts spread over 8 GPUs
+    assert dp8.weights_bytes_per_gpu == pytest.approx(1.0 * (shared - emb) + 2.0 * emb, rel=1e-9)
+
+
+def test_dispatch_and_combine_by_hand():
+    """dp8 ep8 on H200, decode batch 64 per rank: 2 x 58 all-to-alls per step; each GPU sends its 64
+    tokens to 8 experts (64 x 8 x 7168 x 2 B), 7/8 of it off the GPU, over NVLink (450 GB/s x 0.8)."""
+    e = pc.estimate("deepseek-v3", "h200-sxm", tp=1, dp=8, ep=8, batch=8 * 64, **DS)
+    a2a = next(r for r in e.rows if r.phase == "decode" and r.group == "ep_alltoall")
+    msg = 64 * 8 * 7168 * 2
+    assert a2a.time_s == pytest.approx(116 * (7 / 8 * msg / (450e9 * 0.8) + 8e-6), rel=1e-9)
+    wide = pc.estimate("deepseek-v3", "h200-sxm", tp=1, dp=16, ep=16, batch=16 * 64, **DS)
+    a2a16 = next(r for r in wide.rows if r.phase == "decode" and r.group == "ep_alltoall")
+    assert a2a16.time_s == pytest.approx(116 * (15 / 16 * msg / (50e9 * 0.8) + 8e-6), rel=1e-9)  # the NIC
+
+
+def test_expert_imbalance_stretches_the_routed_experts():
+    kw = {"tp": 1, "dp": 8, "ep": 8, "batch": 8 * 256, **DS}
+    moe = {x: next(r for r in pc.estimate("deepseek-v3", "h200-sxm", expert_imbalance=x, **kw).rows
+                   if r.phase == "prefill" and r.group == "moe") for x in (1.0, 2.0)}
+    assert moe[2.0].flops > 1.8 * moe[1.0].flops  # the routed share doubles; shared experts and router do not
+    with pytest.raises(pc.InputError, match="expert_imbalance"):
+        pc.estimate("deepseek-v3", "h200-sxm", expert_imbalance=0.5, **kw)
+
+
+def test_a_dp_pool_runs_one_engine_per_rank_and_checks_its_layout():
+    pool = Pool(gpu="h200-sxm", dp=8, ep=8, instances=2)
+    assert (pool.num_gpus, pool.engines) == (16, 16)
+    with pytest.raises(pc.InputError, match=r"deployment\.pool\.ep"):
+        pc.evaluate("deepseek-v3", {"mode": "mixed", "pool": {"gpu": "h200-sxm", "dp": 8, "ep": 4}},
+                    Workload(rate=1.0, isl=2000, osl=500))
+    with pytest.raises(pc.InputError, match="mixture-of-experts"):
+        pc.evaluate("llama-3.1-70b", {"mode": "mixed", "pool": {"gpu": "h200-sxm", "dp": 8, "ep": 8}},
+                    Workload(rate=1.0, isl=2000, osl=500))
+
+
+def test_dp_serving_agrees_with_its_simulation():
+    w = Workload(rate=12.0, isl=2000, osl=500)
+    d = pc.Deployment(mode="mixed", pool=Pool(gpu="h200-sxm", dp=8, ep=8, weight_dtype="fp8", kv_dtype="fp8"))
+    e = pc.evaluate("deepseek-v3", d, w)
+    sim = pc.simulate("deepseek-v3", d, w, requests=800, seed=1)
+    assert e.stable and sim.stable
+    assert e.tpot_s(50) == pytest.approx(sim.tpot_by_percentile_s[50], rel=0.15)
+
+
+def test_the_planner_takes_attention_dp_for_deepseek_when_it_saves_gpus():
+    w, slo = Workload(rate=40.0, isl=2000, osl=500), pc.SLO(ttft_s=2.0, tpot_s=0.05)
+    kw = {"gpus": ["h200-sxm"], "weight_dtype": "fp8", "kv_dtype": "fp8"}
+    without = pc.plan("deepseek-v3", w, slo, dps=[], **kw)
+    with_dp = pc.plan("deepseek-v3", w, slo, **kw)
+    assert with_dp.best.num_gpus < without.best.num_gpus
+    assert any(p.dp > 1 for p in with_dp.best.deployment.pools)
+    assert all(p.dp == 1 for c in without.candidates for p in c.deployment.pools)
+    # a mixture-of-experts model that fits one GPU is not offered attention-DP
+    small = pc.plan("qwen3-30b-a3b", Workload(rate=4.0, isl=2000, osl=300), slo, gpus=["h100-sxm"])
+    assert all(p.dp == 1 for c in small.candidates for p in c.deployment.pools)

@@ -25,7 +25,7 @@ from ..errors import InputError, UnstableError
 from ..estimate import memory_breakdown
 from ..kv_cache import kv_bytes_per_gpu
 from ..limits import MAX_PARALLEL
-from ..phases import Setup, step_groups, step_time_s
+from ..phases import DEFAULT_EXPERT_IMBALANCE, Setup, step_groups, step_time_s
 from .workload import SLO, Count, Workload
 
 Mode = Literal["mixed", "chunked", "disaggregated"]
@@ -43,15 +43,23 @@ FIXED_POINT_ITERATIONS = 60
 
 
 class Pool(BaseModel):
-    """Identical instances of one GPU type, each spanning tp x pp GPUs."""
+    """Identical instances of one GPU type, each spanning tp x pp x dp GPUs."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     gpu: str = Field(min_length=1, max_length=64)
     tp: Count = Field(default=1, ge=1, le=MAX_PARALLEL)
     pp: Count = Field(default=1, ge=1, le=MAX_PARALLEL)
+    dp: Count = Field(default=1, ge=1, le=MAX_PARALLEL, description="attention data-parallel ranks of tp GPUs each "
+                      "(mixture-of-experts models): each rank runs attention on its own sequences and KV, the routed "
+                      "experts are spread over all dp x tp GPUs (ep = dp x tp)")
+    ep: Count = Field(default=1, ge=1, le=MAX_PARALLEL, description="expert-parallel degree: with dp = 1 it divides "
+                      "tp (experts split inside the tensor-parallel group); with dp > 1 it is dp x tp")
+    expert_imbalance: float = Field(default=DEFAULT_EXPERT_IMBALANCE, ge=1.0, le=16.0, description="with ep > 1: "
+                                    "routed tokens on the busiest GPU / the mean (1.2: with expert load balancing)")
     instances: Count = Field(default=1, ge=1, le=10_000)
-    max_batch: Count = Field(default=DEFAULT_BATCH_CAP, ge=1, le=16_384, description="engine cap on concurrent sequences")
+    max_batch: Count = Field(default=DEFAULT_BATCH_CAP, ge=1, le=16_384, description="engine cap on concurrent "
+                             "sequences (per attention data-parallel rank: each runs a scheduler of its own)")
     weight_dtype: WeightDtype = "bf16"
     kv_dtype: KVDtype = "bf16"
     pipelined: bool = Field(
@@ -61,11 +69,17 @@ class Pool(BaseModel):
 
     @property
     def num_gpus(self) -> int:
-        return self.tp * self.pp * self.instances
+        return self.tp * self.pp * self.dp * self.instances
 
     @property
     def streams(self) -> int:
-        """Micro-batches in flight in one instance: pp when pipelined, else 1."""
+        """Independent batches in one instance: a batch per attention data-parallel rank, and per rank one
+        micro-batch per stage when pipelined."""
+        return self.dp * self.micro_batches
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches in flight on the same GPUs: pp when pipelined, else 1."""
         return self.pp if self.pipelined else 1
 
     @property
@@ -75,6 +89,16 @@ class Pool(BaseModel):
         meanwhile, so a pipelined instance of pp stages serves pp times the traffic of an unpipelined
         one at the same step time."""
         return self.instances * self.streams
+
+    @model_validator(mode="after")
+    def _expert_layout(self) -> Pool:
+        if self.dp > 1 and self.ep != self.dp * self.tp:
+            raise ValueError(f"ep: with attention data-parallelism the experts are spread over every GPU of the "
+                             f"instance, ep = dp x tp = {self.dp * self.tp}, got {self.ep}")
+        if self.dp == 1 and self.tp % self.ep:
+            raise ValueError(f"ep: must divide tp (experts are split inside the tensor-parallel group), got ep={self.ep}, "
+                             f"tp={self.tp}")
+        return self
 
 
 class Deployment(BaseModel):
@@ -160,7 +184,8 @@ class PoolModel:
     @classmethod
     def build(cls, model: ModelSpec, pool: Pool, workload: Workload, gpu: GPUSpec | None = None) -> PoolModel:
         g = gpu or load_gpu(pool.gpu)
-        setup = Setup(model, g, tp=pool.tp, pp=pool.pp, weight_dtype=pool.weight_dtype, kv_dtype=pool.kv_dtype)
+        setup = Setup(model, g, tp=pool.tp, pp=pool.pp, ep=pool.ep, weight_dtype=pool.weight_dtype,
+                      kv_dtype=pool.kv_dtype, dp=pool.dp, expert_imbalance=pool.expert_imbalance)
         seq = int(workload.isl.mean + workload.osl.mean)
         mem = memory_breakdown(setup, seq, 0, 1)
 
@@ -171,17 +196,20 @@ class PoolModel:
         full = kv(window + 1) - kv(window) if window else kv(1.0)
         fits = mem.kv_budget_bytes > kv(seq)
         reason = None if fits else (
-            f"{model.id} does not fit on {g.id} at tp={pool.tp} pp={pool.pp} ({pool.weight_dtype}): "
+            f"{model.id} does not fit on {g.id} at tp={pool.tp} pp={pool.pp}"
+            + (f" dp={pool.dp} ep={pool.ep}" if pool.dp > 1 or pool.ep > 1 else "") + f" ({pool.weight_dtype}): "
             f"{(mem.weights_bytes + mem.activation_workspace_bytes + mem.runtime_reserve_bytes) / 1e9:.1f} GB per GPU "
             f"before KV, {mem.usable_bytes / 1e9:.1f} GB usable")
-        # a pipelined instance splits its sequences, and so its KV memory, over its pp streams
-        budget = max(0.0, mem.kv_budget_bytes) / pool.streams
+        # a pipelined instance splits its sequences, and so its KV memory, over its pp micro-batches (each
+        # attention data-parallel rank has GPUs, and so KV memory, of its own)
+        budget = max(0.0, mem.kv_budget_bytes) / pool.micro_batches
         return cls(setup, pool, g, budget, full, kv(1.0) - full, window, fits, reason)
 
     @property
     def batch_cap(self) -> float:
-        """The engine's share of the pool's ``max_batch`` (one stream of a pipelined instance), >= 1."""
-        return max(1.0, self.pool.max_batch / self.pool.streams)
+        """The engine's share of the pool's ``max_batch`` (one micro-batch of a pipelined instance; every
+        attention data-parallel rank has the whole cap: it runs a scheduler of its own), >= 1."""
+        return max(1.0, self.pool.max_batch / self.pool.micro_batches)
 
     def kv_seq_bytes(self, tokens) -> np.ndarray:
         """KV bytes per GPU of sequences of ``tokens`` tokens (sliding-window layers capped at the window)."""
