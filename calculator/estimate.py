@@ -19,7 +19,7 @@ from . import formulas as f
 from .arguments import choice, flag, gpu_spec, integer, model_spec, real
 from .errors import InputError
 from .kv_cache import kv_bytes_per_gpu, kv_bytes_per_token, kv_cache_bytes
-from .limits import MAX_BATCH, MAX_PARALLEL, MAX_TOKENS
+from .limits import MAX_BATCH, MAX_EXPERT_PARALLEL, MAX_PARALLEL, MAX_TOKENS
 from .params import embedding_params, param_count, routed_expert_params
 from .phases import DEFAULT_EXPERT_IMBALANCE, Group, Setup, phase_bound, setup_for, step_groups, step_time_s
 from .precision import EMBEDDING_BYTES, GEMM_RATE, KV_DTYPES, WEIGHT_DTYPES, wide_bytes
@@ -150,7 +150,7 @@ def _check_arguments(tp: int, pp: int, ep: int, dp: int, isl: int, osl: int, bat
                      ) -> tuple[int, ...]:
     """The integers as ints; every argument checked against the REST bounds and the context window."""
     ints = tuple(integer(name, value, 1, high) for name, value, high in (
-        ("tp", tp, MAX_PARALLEL), ("pp", pp, MAX_PARALLEL), ("ep", ep, MAX_PARALLEL), ("dp", dp, MAX_PARALLEL),
+        ("tp", tp, MAX_PARALLEL), ("pp", pp, MAX_PARALLEL), ("ep", ep, MAX_EXPERT_PARALLEL), ("dp", dp, MAX_EXPERT_PARALLEL),
         ("isl", isl, MAX_TOKENS), ("osl", osl, MAX_TOKENS), ("batch", batch, MAX_BATCH)))
     choice("weight_dtype", weight_dtype, WEIGHT_DTYPES)
     choice("kv_dtype", kv_dtype, KV_DTYPES)

@@ -9,7 +9,9 @@ MAX_TOKENS = 10_000_000
 MAX_BATCH = 65_536
 """Concurrent sequences in one estimate or KV-cache query."""
 MAX_PARALLEL = 64
-"""tp, pp or ep of one instance."""
+"""tp or pp of one instance."""
+MAX_EXPERT_PARALLEL = 512
+"""ep or attention dp of one instance (wide expert parallelism: DeepSeek decodes at EP144 and EP320)."""
 MAX_GPU_TYPES = 16
 """Candidate GPU types in one plan."""
 MAX_CHUNK_BUDGETS = 8
@@ -34,7 +36,8 @@ BOUNDS: tuple[tuple[str, str], ...] = (
     ("prompt or output length", (f"≤ {MAX_TOKENS:,} tokens and within the model's context window "
                                  "(every length sample too)")),
     ("batch", f"≤ {MAX_BATCH:,}"),
-    ("tp, pp, ep", f"≤ {MAX_PARALLEL}"),
+    ("tp, pp", f"≤ {MAX_PARALLEL}"),
+    ("ep, dp", f"≤ {MAX_EXPERT_PARALLEL}"),
     ("candidate GPU types per plan", f"≤ {MAX_GPU_TYPES}"),
     ("chunk budgets per plan", f"≤ {MAX_CHUNK_BUDGETS}"),
     ("length samples", f"≤ {MAX_SAMPLES:,} per distribution"),

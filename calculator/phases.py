@@ -41,6 +41,11 @@ experts (2.56 without; NVIDIA TensorRT-LLM blog "Scaling Expert Parallelism in T
 1", Table 1); SGLang's EP32 prefill runs 1.18x faster with simulated perfect balance (LMSYS blog,
 2025-05-05); Ant Group reports a mean/max balance above 0.7 (max/mean below 1.43) on H20."""
 
+DISPATCH_BYTES = {"fp8": 1.0, "fp4": 1.0}
+"""Bytes per activation element an expert-parallel dispatch sends, by weight format: fp8 (with its
+block scales, not counted) where the experts' GEMMs read fp8 (DeepSeek's inference system: "FP8
+dispatch, BF16 combine"; DeepEP's low-latency dispatch); else the 16-bit activations."""
+
 Phase = Literal["prefill", "decode"]
 Bound = Literal["compute", "memory", "communication", "latency"]
 
@@ -346,13 +351,17 @@ def _communication(setup: Setup, T: np.ndarray) -> list[Group]:
         t = f.ring_allreduce_time(v, n_coll=n_ar, M=msg, beta_link=setup.tp_link_bytes_per_s)
         out.append(_comm_group("tp_allreduce", t, n_ar * msg * 2 * (setup.tp - 1) / setup.tp, "ring_allreduce_time"))
     if setup.ep > 1:
-        n_a2a = 2 * m.num_moe_layers  # dispatch + combine
+        Lm = m.num_moe_layers
         k = m.moe.experts_per_token  # type: ignore[union-attr]
         # attention-DP: each GPU sends its rank's tokens (split over the rank's tp GPUs) to k experts'
-        # GPUs; experts inside the tensor-parallel group: each GPU sends 1/ep of the (replicated) tokens
-        a2a_msg = msg * k / setup.tp if setup.dp > 1 else msg * k / setup.ep
-        t = f.alltoall_time(v, n_coll=n_a2a, M=a2a_msg, beta_link=setup.ep_link_bytes_per_s)
-        out.append(_comm_group("ep_alltoall", t, n_a2a * a2a_msg, "alltoall_time"))
+        # GPUs; experts inside the tensor-parallel group: each GPU sends 1/ep of the (replicated) tokens.
+        # The combine returns 16-bit results; the dispatch sends the activations in the format the
+        # experts' GEMMs read (fp8 for fp8/fp4 weights: DeepEP, DeepSeek's FP8 dispatch)
+        combine = msg * k / setup.tp if setup.dp > 1 else msg * k / setup.ep
+        dispatch = combine * DISPATCH_BYTES.get(setup.weight_dtype, v["b_a"]) / v["b_a"]
+        t = (f.alltoall_time(v, n_coll=Lm, M=dispatch, beta_link=setup.ep_link_bytes_per_s)
+             + f.alltoall_time(v, n_coll=Lm, M=combine, beta_link=setup.ep_link_bytes_per_s))
+        out.append(_comm_group("ep_alltoall", t, Lm * (dispatch + combine), "alltoall_time"))
     if setup.pp > 1:
         t = f.p2p_time(v, n_coll=setup.pp - 1, M=msg, beta_link=setup.pp_link_bytes_per_s)
         out.append(_comm_group("pp_send", t, (setup.pp - 1) * msg, "p2p_time"))

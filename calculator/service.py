@@ -30,6 +30,7 @@ from .limits import (
     MAX_CHUNK_BUDGETS,
     MAX_GPU_TYPES,
     MAX_HF_CONFIG_KEYS,
+    MAX_EXPERT_PARALLEL,
     MAX_PARALLEL,
     MAX_PLAN_SWEEP_POINTS,
     MAX_SWEEP_POINTS,
@@ -237,9 +238,9 @@ class EstimateRequest(_Request):
     gpu: GPURef
     tp: int = Field(default=1, ge=1, le=MAX_PARALLEL)
     pp: int = Field(default=1, ge=1, le=MAX_PARALLEL)
-    ep: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="expert-parallel degree (MoE): divides tp, or is "
+    ep: int = Field(default=1, ge=1, le=MAX_EXPERT_PARALLEL, description="expert-parallel degree (MoE): divides tp, or is "
                     "dp x tp with attention data-parallelism")
-    dp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="attention data-parallel ranks of tp GPUs (MoE)")
+    dp: int = Field(default=1, ge=1, le=MAX_EXPERT_PARALLEL, description="attention data-parallel ranks of tp GPUs (MoE)")
     expert_imbalance: float = Field(default=DEFAULT_EXPERT_IMBALANCE, ge=1.0, le=16.0,
                                     description="with ep > 1: routed tokens on the busiest GPU / the mean")
     isl: Tokens = 1024

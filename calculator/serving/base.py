@@ -24,7 +24,7 @@ from .. import formulas as f
 from ..errors import InputError, UnstableError
 from ..estimate import memory_breakdown
 from ..kv_cache import kv_bytes_per_gpu
-from ..limits import MAX_PARALLEL
+from ..limits import MAX_EXPERT_PARALLEL, MAX_PARALLEL
 from ..phases import DEFAULT_EXPERT_IMBALANCE, Setup, step_groups, step_time_s
 from .workload import SLO, Count, Workload
 
@@ -50,10 +50,10 @@ class Pool(BaseModel):
     gpu: str = Field(min_length=1, max_length=64)
     tp: Count = Field(default=1, ge=1, le=MAX_PARALLEL)
     pp: Count = Field(default=1, ge=1, le=MAX_PARALLEL)
-    dp: Count = Field(default=1, ge=1, le=MAX_PARALLEL, description="attention data-parallel ranks of tp GPUs each "
+    dp: Count = Field(default=1, ge=1, le=MAX_EXPERT_PARALLEL, description="attention data-parallel ranks of tp GPUs each "
                       "(mixture-of-experts models): each rank runs attention on its own sequences and KV, the routed "
                       "experts are spread over all dp x tp GPUs (ep = dp x tp)")
-    ep: Count = Field(default=1, ge=1, le=MAX_PARALLEL, description="expert-parallel degree: with dp = 1 it divides "
+    ep: Count = Field(default=1, ge=1, le=MAX_EXPERT_PARALLEL, description="expert-parallel degree: with dp = 1 it divides "
                       "tp (experts split inside the tensor-parallel group); with dp > 1 it is dp x tp")
     expert_imbalance: float = Field(default=DEFAULT_EXPERT_IMBALANCE, ge=1.0, le=16.0, description="with ep > 1: "
                                     "routed tokens on the busiest GPU / the mean (1.2: with expert load balancing)")
