@@ -28,9 +28,9 @@ from .kv_cache import kv_bytes_per_gpu, kv_bytes_per_token, kv_cache_bytes
 from .limits import (
     MAX_BATCH,
     MAX_CHUNK_BUDGETS,
+    MAX_EXPERT_PARALLEL,
     MAX_GPU_TYPES,
     MAX_HF_CONFIG_KEYS,
-    MAX_EXPERT_PARALLEL,
     MAX_PARALLEL,
     MAX_PLAN_SWEEP_POINTS,
     MAX_SWEEP_POINTS,
