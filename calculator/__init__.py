@@ -23,6 +23,7 @@ _SOURCES: dict[str, str] = {
     "model_from_hf_config": ".hf_config",
     **dict.fromkeys(("kv_bytes_per_token", "kv_cache_bytes"), ".kv_cache"),
     **dict.fromkeys(("active_param_count", "param_count"), ".params"),
+    "Speculation": ".speculation",
     **dict.fromkeys(("Candidate", "Plan", "plan"), ".optimizer"),
     **dict.fromkeys(("SLO", "Deployment", "Evaluation", "Length", "Pool", "Workload", "evaluate"), ".serving"),
     **dict.fromkeys(("Simulation", "simulate"), ".serving.simulate"),
@@ -32,7 +33,7 @@ _SOURCES: dict[str, str] = {
 __all__ = [
     "FORMULAS", "SLO", "AmbiguousIdError", "Cancelled", "Candidate", "DeadlineExceeded", "Deployment", "Efficiency", "Estimate",
     "Evaluation", "Formula", "GPUSpec", "HardwareDBError", "InputError", "Length", "MemoryBreakdown",
-    "ModelSpec", "OpRow", "PdplanError", "Plan", "Pool", "Simulation", "UnknownIdError", "UnstableError",
+    "ModelSpec", "OpRow", "PdplanError", "Plan", "Pool", "Simulation", "Speculation", "UnknownIdError", "UnstableError",
     "Workload", "active_param_count", "deadline", "estimate", "evaluate", "kv_bytes_per_token", "kv_cache_bytes", "list_gpus",
     "list_models", "load_gpu", "load_model", "model_from_hf_config", "param_count", "plan", "simulate",
 ]  # the keys of _SOURCES (a test checks)
@@ -84,3 +85,4 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from .optimizer import Candidate, Plan, plan
     from .params import active_param_count, param_count
     from .serving import SLO, Deployment, Evaluation, Length, Pool, Workload, evaluate
+    from .speculation import Speculation

@@ -23,6 +23,7 @@ from .limits import MAX_BATCH, MAX_EXPERT_PARALLEL, MAX_PARALLEL, MAX_TOKENS
 from .params import embedding_params, param_count, routed_expert_params
 from .phases import DEFAULT_EXPERT_IMBALANCE, Group, Setup, phase_bound, setup_for, step_groups, step_time_s
 from .precision import EMBEDDING_BYTES, GEMM_RATE, KV_DTYPES, WEIGHT_DTYPES, wide_bytes
+from .speculation import Speculation, draft_setup, speculative_groups
 
 RUNTIME_RESERVE_BYTES = 2.0e9
 """Per-GPU memory no engine can give to KV: CUDA context, cuBLAS/NCCL workspaces, CUDA graphs (~1-3 GB in vLLM)."""
@@ -86,7 +87,10 @@ class Estimate(_Out):
     ttft_s: float | None = Field(description="prefill step time (no queueing)")
     prefill_s: float | None
     tpot_s: float | None = Field(description="decode step time at the mean context isl + (osl+1)/2; with pp > 1 the "
-                                 "step of one micro-batch of batch / pp sequences (pp of them in flight)")
+                                 "step of one micro-batch of batch / pp sequences (pp of them in flight); with "
+                                 "speculative decoding a step over the tokens it emits")
+    spec_tokens_per_step: float | None = Field(default=None, description="speculative decoding: tokens a step "
+                                               "emits per sequence")
     e2e_s: float | None = Field(description="ttft + (osl - 1) * tpot")
     decode_first_step_s: float | None
     decode_last_step_s: float | None
@@ -123,16 +127,20 @@ def memory_breakdown(
     batch: int,
     gpu_memory_utilisation: float = 0.9,
     max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
+    spec: Speculation | None = None,
 ) -> MemoryBreakdown:
+    """Per-GPU memory; with ``spec`` the draft network's weights and KV cache are on the same GPUs (an
+    MTP layer or EAGLE head shares the target's embedding and LM head; a draft model has its own)."""
     m, g = setup.model, setup.gpu
-    v = setup.values
-    # attention-DP: every rank holds the attention and dense weights, the routed experts are spread over all ranks
-    shared = param_count(m) - routed_expert_params(m) * (1 - 1 / setup.dp)
-    weights = float(f.weights_bytes_per_gpu(
-        v, N=shared, N_emb=embedding_params(m), b_e=wide_bytes(setup.weight_dtype, EMBEDDING_BYTES), pp=setup.pp
-    ))
-    workspace = float(f.activation_workspace_bytes(v, T=max_batched_tokens, b=min(batch, max_batched_tokens))) / setup.pp
+    weights = _weights_per_gpu(setup)
+    workspace = float(f.activation_workspace_bytes(setup.values, T=max_batched_tokens,
+                                                   b=min(batch, max_batched_tokens))) / setup.pp
     per_seq = float(kv_bytes_per_gpu(m, isl + osl, setup.kv_dtype, tp=setup.tp, pp=setup.pp))
+    if spec is not None:
+        ds = draft_setup(setup, spec)
+        shares_head = spec.kind != "draft"
+        weights += _weights_per_gpu(ds) - (_embedding_bytes_per_gpu(ds) if shares_head else 0.0)
+        per_seq += float(kv_bytes_per_gpu(ds.model, isl + osl, setup.kv_dtype, tp=setup.tp))
     mem = dict(u=gpu_memory_utilisation, M_hbm=g.hbm_bytes, W_b=weights, A_b=workspace, R_b=RUNTIME_RESERVE_BYTES)
     budget = float(f.kv_budget_bytes(mem))
     need = per_seq * batch
@@ -143,6 +151,20 @@ def memory_breakdown(
         kv_bytes_per_sequence=per_seq, kv_bytes_batch=need, fits=fits,
         shortfall_bytes=0.0 if fits else need - budget,
     )
+
+
+def _weights_per_gpu(setup: Setup) -> float:
+    """Weight bytes one GPU holds (attention-DP: every rank holds the attention and dense weights, the
+    routed experts are spread over all ranks)."""
+    m = setup.model
+    shared = param_count(m) - routed_expert_params(m) * (1 - 1 / setup.dp)
+    return float(f.weights_bytes_per_gpu(setup.values, N=shared, N_emb=embedding_params(m),
+                                         b_e=wide_bytes(setup.weight_dtype, EMBEDDING_BYTES), pp=setup.pp))
+
+
+def _embedding_bytes_per_gpu(setup: Setup) -> float:
+    """The embedding and LM head's share of ``_weights_per_gpu``."""
+    return wide_bytes(setup.weight_dtype, EMBEDDING_BYTES) * embedding_params(setup.model) / (setup.tp * setup.pp)
 
 
 def _check_arguments(tp: int, pp: int, ep: int, dp: int, isl: int, osl: int, batch: int, weight_dtype: str,
@@ -178,6 +200,7 @@ def estimate(
     gpu_memory_utilisation: float = 0.9,
     dp: int = 1,
     expert_imbalance: float = DEFAULT_EXPERT_IMBALANCE,
+    spec: Speculation | Mapping[str, Any] | None = None,
     calibration: Efficiency | Mapping[str, Any] | str | os.PathLike[str] | None = None,
     rows: bool = True,
 ) -> Estimate:
@@ -195,6 +218,10 @@ def estimate(
     tp, pp, ep, dp, isl, osl, batch = _check_arguments(tp, pp, ep, dp, isl, osl, batch, weight_dtype, kv_dtype,
                                                        prefix_hit, gpu_memory_utilisation, rows, m)
     real("expert_imbalance", expert_imbalance, 1.0, 16.0)
+    if spec is not None:
+        from .arguments import as_model
+
+        spec = as_model("spec", spec, Speculation)
     if calibration is not None:
         from .calibration import apply_calibration
 
@@ -203,11 +230,19 @@ def estimate(
                       expert_imbalance=float(expert_imbalance))
     # attention-DP: the batch is spread over the dp ranks, each with its own sequences and KV
     rank_batch = -(-batch // dp)
-    mem = memory_breakdown(setup, isl, osl, rank_batch, gpu_memory_utilisation)
+    if spec is not None:
+        from .errors import InputError as _InputError
+
+        try:
+            draft_setup(setup, spec)
+        except _InputError as e:
+            raise _InputError(e.field if e.field.startswith("spec") else f"spec.{e.field}", e.reason) from None
+    mem = memory_breakdown(setup, isl, osl, rank_batch, gpu_memory_utilisation, spec=spec)
     per_seq = mem.kv_bytes_per_sequence
     max_b = dp * int(f.max_batch(u=gpu_memory_utilisation, M_hbm=g.hbm_bytes, W_b=mem.weights_bytes,
                                  A_b=mem.activation_workspace_bytes, R_b=mem.runtime_reserve_bytes, K_seq=per_seq))
     common = dict(
+        spec_tokens_per_step=None if spec is None else spec.tokens_per_step,
         model=m.id, gpu=g.id, tp=tp, pp=pp, ep=ep, dp=dp, isl=isl, osl=osl, batch=batch, weight_dtype=weight_dtype,
         kv_dtype=kv_dtype, prefix_hit=prefix_hit, num_gpus=tp * pp * dp,
         kv_bytes_per_token=kv_bytes_per_token(m, kv_dtype),
@@ -233,8 +268,12 @@ def estimate(
     # pipeline parallelism: the batch decodes as pp micro-batches in flight, one per stage (a step
     # of a micro-batch crosses every stage; the stages work on the others meanwhile)
     micro_batch = max(batch / (pp * dp), 1.0)
-    dec = step_groups(setup, S=1, P=contexts - 1, b=micro_batch, phase="decode")
-    dec_times = step_time_s(dec, setup)
+    if spec is None:
+        dec = step_groups(setup, S=1, P=contexts - 1, b=micro_batch, phase="decode")
+        dec_times = step_time_s(dec, setup)
+    else:  # a speculative step, over the tokens it emits (spec_tpot)
+        dec = speculative_groups(setup, spec, micro_batch, contexts)
+        dec_times = step_time_s(dec, setup) / spec.tokens_per_step
     first, mean, last = (float(x) for x in dec_times)
     dec_mean = [gr.at(1) for gr in dec]  # the step at the mean context
     return Estimate(

@@ -119,6 +119,10 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "Delta_B": ("\\Delta B", "rise of the decode batch while prompts are queued", "sequences"),
     "k_g": ("k", "gamma shape", "1"),
     "theta_g": ("\\theta", "gamma scale", "s"),
+    "a_acc": ("a", "probability that a draft token is accepted (each independently)", "1"),
+    "n_draft": ("n_{d}", "draft tokens proposed per step", "tokens"),
+    "t_verify": ("t_{v}", "target step verifying n_d + 1 tokens per sequence", "s"),
+    "t_draft": ("t_{dr}", "draft network's step for one proposed token", "s"),
 }
 
 
@@ -1019,6 +1023,41 @@ kv_transfer_time = Formula(
 )
 
 
+# --- speculative decoding ----------------------------------------------------------------------
+
+
+def _spec_tokens_per_step(a_acc: Any, n_draft: Any) -> Any:
+    return (1 - a_acc**(n_draft + 1))/(1 - a_acc)
+
+
+spec_tokens_per_step = Formula(
+    name="spec_tokens_per_step",
+    section="speculative decoding",
+    unit="tokens",
+    doc="Tokens one speculative step emits per sequence: the accepted prefix of the n_d drafts plus the target's own next token, 1 + a + ... + a^n_d (Leviathan et al., 2023).",
+    args=("a_acc", "n_draft"),
+    latex="\\frac{1 - a^{n_{d} + 1}}{1 - a}",
+    fn=_spec_tokens_per_step,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _spec_tpot(a_acc: Any, n_draft: Any, t_draft: Any, t_verify: Any) -> Any:
+    return (1 - a_acc)*(n_draft*t_draft + t_verify)/(1 - a_acc**(n_draft + 1))
+
+
+spec_tpot = Formula(
+    name="spec_tpot",
+    section="speculative decoding",
+    unit="s",
+    doc="Time per output token with speculative decoding: n_d draft steps and one verify step per step, over the tokens the step emits.",
+    args=("a_acc", "n_draft", "t_draft", "t_verify"),
+    latex="\\frac{\\left(1 - a\\right) \\left(n_{d} t_{dr} + t_{v}\\right)}{1 - a^{n_{d} + 1}}",
+    fn=_spec_tpot,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
 FORMULAS: dict[str, Formula] = {f.name: f for f in (
     attention_params_gqa,
     attention_params_mla,
@@ -1074,4 +1113,6 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     lognormal_quantile,
     gamma_quantile_wh,
     kv_transfer_time,
+    spec_tokens_per_step,
+    spec_tpot,
 )}

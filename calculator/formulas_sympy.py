@@ -520,3 +520,23 @@ kv_transfer_time = _formula(
     "s",
     "Moving a request's KV cache (Q bytes, summed over the parallel links) from the prefill to the decode pool.",
 )
+
+# --- speculative decoding ----------------------------------------------------------------------
+a_acc = _sym("a_acc", "probability that a draft token is accepted (each independently)", "1", r"a")
+n_draft = _sym("n_draft", "draft tokens proposed per step", "tokens", r"n_{d}")
+t_verify = _sym("t_verify", "target step verifying n_d + 1 tokens per sequence", "s", r"t_{v}")
+t_draft = _sym("t_draft", "draft network's step for one proposed token", "s", r"t_{dr}")
+spec_tokens_per_step = _formula(
+    "spec_tokens_per_step",
+    (1 - a_acc ** (n_draft + 1)) / (1 - a_acc),
+    "tokens",
+    "Tokens one speculative step emits per sequence: the accepted prefix of the n_d drafts plus the target's "
+    "own next token, 1 + a + ... + a^n_d (Leviathan et al., 2023).",
+)
+spec_tpot = _formula(
+    "spec_tpot",
+    (t_verify + n_draft * t_draft) * (1 - a_acc) / (1 - a_acc ** (n_draft + 1)),
+    "s",
+    "Time per output token with speculative decoding: n_d draft steps and one verify step per step, over the "
+    "tokens the step emits.",
+)

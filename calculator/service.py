@@ -41,6 +41,7 @@ from .params import active_param_count, param_count
 from .phases import DEFAULT_EXPERT_IMBALANCE
 from .serving import SLO, Deployment, Evaluation, Workload, evaluate
 from .serving.base import Mode, Scheduler
+from .speculation import Speculation
 
 ESTIMATE_SWEEPABLE = ("isl", "osl", "batch", "tp", "pp", "prefix_hit", "gpu_memory_utilisation")
 PLAN_SWEEPABLE = ("rate", "isl", "osl", "prefix_hit", "ttft_s", "tpot_s")
@@ -243,6 +244,7 @@ class EstimateRequest(_Request):
     dp: int = Field(default=1, ge=1, le=MAX_EXPERT_PARALLEL, description="attention data-parallel ranks of tp GPUs (MoE)")
     expert_imbalance: float = Field(default=DEFAULT_EXPERT_IMBALANCE, ge=1.0, le=16.0,
                                     description="with ep > 1: routed tokens on the busiest GPU / the mean")
+    spec: Speculation | None = Field(default=None, description="speculative decoding (mtp, eagle or a draft model)")
     isl: Tokens = 1024
     osl: Tokens = 256
     batch: int = Field(default=1, ge=1, le=MAX_BATCH)
@@ -265,7 +267,7 @@ BASE_ESTIMATE_FORMULAS = ("weights_bytes_per_gpu", "kv_bytes_context", "kv_budge
 
 def run_estimate(req: EstimateRequest) -> EstimateResponse:
     e = estimate(resolve_model(req.model), resolve_gpu(req.gpu), tp=req.tp, pp=req.pp, ep=req.ep, dp=req.dp,
-                 expert_imbalance=req.expert_imbalance, isl=req.isl,
+                 expert_imbalance=req.expert_imbalance, spec=req.spec, isl=req.isl,
                  osl=req.osl, batch=req.batch, weight_dtype=req.weight_dtype, kv_dtype=req.kv_dtype,
                  prefix_hit=req.prefix_hit, gpu_memory_utilisation=req.gpu_memory_utilisation,
                  calibration=req.calibration, rows=True)

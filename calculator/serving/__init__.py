@@ -7,6 +7,7 @@ searches over.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -37,9 +38,27 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, rates, p: float,
     with np.errstate(all="ignore"):
         if pools is None:
             pools = tuple(PoolModel.build(model, pool, w) for pool in d.pools)
+        e = pools[-1].tokens_per_step  # the pool that decodes
+        if e > 1:  # speculative decoding: the modes count a request's output in steps of e tokens
+            w = in_steps(w, e)
         if d.mode == "disaggregated":
-            return disaggregated.analyse(model, d, w, rates, p, pools, joint)  # type: ignore[arg-type]
-        return ANALYSERS[d.mode](model, d, w, rates, p, pools[0], joint)
+            a = disaggregated.analyse(model, d, w, rates, p, pools, joint)  # type: ignore[arg-type]
+        else:
+            a = ANALYSERS[d.mode](model, d, w, rates, p, pools[0], joint)
+        if e > 1:  # per step -> per token (the inter-token gaps stay those of steps: tokens arrive in bursts)
+            a = replace(a, tpot_mean_s=a.tpot_mean_s / e, tpot_p_s=a.tpot_p_s / e, tpot_var_s2=a.tpot_var_s2 / e**2)
+        return a
+
+
+def in_steps(w: Workload, tokens_per_step: float) -> Workload:
+    """The workload with its output lengths counted in speculative steps (``tokens_per_step`` tokens
+    each, at least one step)."""
+    o = w.osl
+    if o.samples is not None:
+        osl = Length(samples=[max(1, round(s / tokens_per_step)) for s in o.samples])
+    else:
+        osl = Length(mean=max(1.0, o.mean / tokens_per_step), cv=o.cv)
+    return w.model_copy(update={"osl": osl})
 
 
 def evaluate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],

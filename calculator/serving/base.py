@@ -26,6 +26,7 @@ from ..estimate import memory_breakdown
 from ..kv_cache import kv_bytes_per_gpu
 from ..limits import MAX_EXPERT_PARALLEL, MAX_PARALLEL
 from ..phases import DEFAULT_EXPERT_IMBALANCE, Setup, step_groups, step_time_s
+from ..speculation import Speculation, draft_setup, speculative_groups
 from .workload import SLO, Count, Workload
 
 Mode = Literal["mixed", "chunked", "disaggregated"]
@@ -62,6 +63,8 @@ class Pool(BaseModel):
                              "sequences (per attention data-parallel rank: each runs a scheduler of its own)")
     weight_dtype: WeightDtype = "bf16"
     kv_dtype: KVDtype = "bf16"
+    spec: Speculation | None = Field(default=None, description="speculative decoding on this pool's decodes "
+                                     "(mtp, eagle or a draft model)")
     pipelined: bool = Field(
         default=True, description="pp > 1: one micro-batch in flight per stage, each with its own sequences and "
         "KV (vLLM's virtual engines, SGLang and TensorRT-LLM pipeline parallelism); false: one batch crosses the "
@@ -136,6 +139,13 @@ class Deployment(BaseModel):
                              "has one pool (and no prefill/decode pools)")
         return self
 
+    @model_validator(mode="after")
+    def _spec_decodes(self) -> Deployment:
+        if self.prefill is not None and self.prefill.spec is not None:
+            raise ValueError("prefill: spec: a prefill pool does not decode; speculative decoding belongs to the "
+                             "decode pool")
+        return self
+
     @property
     def pools(self) -> tuple[Pool, ...]:
         return (self.pool,) if self.pool is not None else (self.prefill, self.decode)  # type: ignore[return-value]
@@ -179,6 +189,7 @@ class PoolModel:
     kv_window: float
     fits: bool
     reason: str | None
+    isl_mean: float = 0.0  # the workload's mean prompt: speculation maps step-domain contexts to tokens around it
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -187,10 +198,12 @@ class PoolModel:
         setup = Setup(model, g, tp=pool.tp, pp=pool.pp, ep=pool.ep, weight_dtype=pool.weight_dtype,
                       kv_dtype=pool.kv_dtype, dp=pool.dp, expert_imbalance=pool.expert_imbalance)
         seq = int(workload.isl.mean + workload.osl.mean)
-        mem = memory_breakdown(setup, seq, 0, 1)
+        mem = memory_breakdown(setup, seq, 0, 1, spec=pool.spec)
+        draft = None if pool.spec is None else draft_setup(setup, pool.spec).model
 
         def kv(tokens: float) -> float:
-            return float(kv_bytes_per_gpu(model, tokens, pool.kv_dtype, tp=pool.tp, pp=pool.pp))
+            own = float(kv_bytes_per_gpu(model, tokens, pool.kv_dtype, tp=pool.tp, pp=pool.pp))
+            return own + (0.0 if draft is None else float(kv_bytes_per_gpu(draft, tokens, pool.kv_dtype, tp=pool.tp)))
 
         window = float(model.sliding_window or 0) if model.num_sliding_layers else 0.0
         full = kv(window + 1) - kv(window) if window else kv(1.0)
@@ -203,7 +216,29 @@ class PoolModel:
         # a pipelined instance splits its sequences, and so its KV memory, over its pp micro-batches (each
         # attention data-parallel rank has GPUs, and so KV memory, of its own)
         budget = max(0.0, mem.kv_budget_bytes) / pool.micro_batches
-        return cls(setup, pool, g, budget, full, kv(1.0) - full, window, fits, reason)
+        return cls(setup, pool, g, budget, full, kv(1.0) - full, window, fits, reason, float(workload.isl.mean))
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens a decode step emits per sequence: 1, or more with speculative decoding."""
+        return 1.0 if self.pool.spec is None else self.pool.spec.tokens_per_step
+
+    def _tokens(self, context) -> np.ndarray:
+        """A context in tokens from the serving modes' one: with speculative decoding they count a
+        request's output in steps (``serving.analyse``), E tokens each, after the prompt."""
+        c = np.asarray(context, dtype=float)
+        if self.pool.spec is None:
+            return c
+        return self.isl_mean + (c - self.isl_mean) * self.tokens_per_step
+
+    def _step(self, decodes, context, chunk=None) -> np.ndarray:
+        """Time of one engine step with ``decodes`` running sequences at a mean ``context`` (modes' domain)."""
+        c = self._tokens(context)
+        if self.pool.spec is None:
+            groups = step_groups(self.setup, S=1, P=np.maximum(c - 1, 0), b=decodes, phase="decode", chunk=chunk)
+        else:
+            groups = speculative_groups(self.setup, self.pool.spec, decodes, c, chunk=chunk)
+        return step_time_s(groups, self.setup)
 
     @property
     def batch_cap(self) -> float:
@@ -231,25 +266,18 @@ class PoolModel:
     def step_s(self, decodes, context, chunk_tokens, chunk_prefix, chunks=1.0) -> np.ndarray:
         """One engine step: ``decodes`` running sequences at a mean ``context`` plus ``chunks`` prompt
         pieces of ``chunk_tokens`` new tokens after ``chunk_prefix`` cached ones (arrays broadcast)."""
-        groups = step_groups(self.setup, S=1, P=np.maximum(np.asarray(context, dtype=float) - 1, 0),
-                             b=np.asarray(decodes, dtype=float), phase="decode",
-                             chunk=(chunk_tokens, chunk_prefix, chunks))
-        return step_time_s(groups, self.setup)
+        return self._step(np.asarray(decodes, dtype=float), context, (chunk_tokens, chunk_prefix, chunks))
 
     def decode_s(self, batch, context) -> np.ndarray:
-        b = np.maximum(np.asarray(batch, dtype=float), 1.0)
-        return step_time_s(step_groups(self.setup, S=1, P=np.asarray(context) - 1, b=b, phase="decode"), self.setup)
+        return self._step(np.maximum(np.asarray(batch, dtype=float), 1.0), context)
 
     def hybrid_s(self, batch, context, chunk_tokens, chunk_prefix) -> np.ndarray:
-        b = np.maximum(np.asarray(batch, dtype=float), 1.0)
-        groups = step_groups(self.setup, S=1, P=np.asarray(context) - 1, b=b, phase="decode",
-                             chunk=(chunk_tokens, chunk_prefix))
-        return step_time_s(groups, self.setup)
+        return self._step(np.maximum(np.asarray(batch, dtype=float), 1.0), context, (chunk_tokens, chunk_prefix))
 
     def kv_limit(self, workload: Workload) -> float:
         """Sequences whose KV one engine holds, each at the mean sequence's midpoint (sliding-window
         layers capped at the window, as ``estimate`` does)."""
-        mean_resident = workload.isl.mean + workload.osl.mean / 2
+        mean_resident = workload.isl.mean + workload.osl.mean * self.tokens_per_step / 2  # (output in steps)
         return self.kv_budget_bytes / float(self.kv_seq_bytes(mean_resident))
 
     def batch_limit(self, workload: Workload) -> float:

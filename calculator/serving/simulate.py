@@ -457,6 +457,8 @@ def simulate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
     seed = integer("seed", seed, 0, 2**32 - 1)
     check_context(m, w)
     pools = _pool_models(m, d, w, gpus)
+    if any(pm.pool.spec is not None for pm in pools):
+        raise InputError("deployment", "speculative decoding is not simulated yet (evaluate models it in closed form)")
     bad = next((pm for pm in pools if not pm.fits), None)
     if bad is not None:
         raise InputError("deployment", bad.reason or "does not fit")
