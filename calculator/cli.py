@@ -493,7 +493,7 @@ def _estimate_request(p: dict[str, Any]) -> Any:
         read_text_file(p["calibration"], "calibration", MAX_CONFIG_BYTES)  # refuses a FIFO, a device, a binary file
         eff = load_calibration(p["calibration"])
     return s.EstimateRequest(model=_model_ref(p["model"]), gpu=p["gpu"], tp=p["tp"], pp=p["pp"], dp=p.get("dp", 1),
-                             ep=p.get("ep", 1), isl=p["isl"],
+                             ep=p.get("ep", 1), cp=p.get("cp", 1), isl=p["isl"],
                              osl=p["osl"], batch=p["batch"], weight_dtype=p["weight_dtype"], kv_dtype=p["kv_dtype"],
                              prefix_hit=p["prefix_hit"], gpu_memory_utilisation=p["gpu_memory_utilisation"],
                              calibration=eff, rows=p["rows"])
@@ -511,6 +511,7 @@ def estimate(
     batch: int = 1,
     dp: Annotated[int, typer.Option(help="attention data-parallel ranks (MoE; needs ep = dp x tp)")] = 1,
     ep: Annotated[int, typer.Option(help="expert-parallel degree (MoE)")] = 1,
+    cp: Annotated[int, typer.Option(help="context-parallel ranks (long prompts)")] = 1,
     weight_dtype: str = "bf16",
     kv_dtype: str = "bf16",
     prefix_hit: Annotated[float, typer.Option(help="fraction of the prompt in the prefix cache")] = 0.0,
@@ -527,7 +528,8 @@ def estimate(
         _print_json(r)
         return
     e = r.estimate
-    layout = f"tp={e.tp}, pp={e.pp}" + (f", dp={e.dp}" if e.dp > 1 else "") + (f", ep={e.ep}" if e.ep > 1 else "")
+    layout = (f"tp={e.tp}, pp={e.pp}" + (f", dp={e.dp}" if e.dp > 1 else "") + (f", ep={e.ep}" if e.ep > 1 else "")
+              + (f", cp={e.cp}" if e.cp > 1 else ""))
     head = (f"{e.model} on {e.num_gpus} x {e.gpu} ({layout}), isl={e.isl} osl={e.osl} batch={e.batch}, "
             f"{e.weight_dtype} weights, {e.kv_dtype} KV")
     lines = [("fits", f"[red]no[/]: {escape(e.reason or '')}")] if not e.fits else [
@@ -623,7 +625,7 @@ def pool_label(d: Any) -> str:
     """'h200-sxm tp4 ×7', 'h100-sxm tp4 ×7, chunk 512', 'P: h100-sxm tp4 ×3 | D: h200-sxm tp8 ×2'."""
     def pool(p: Any) -> str:
         layout = f"dp{p.dp} ep{p.ep}" + (f" tp{p.tp}" if p.tp > 1 else "") if p.dp > 1 else (
-            f"tp{p.tp}" + (f" ep{p.ep}" if p.ep > 1 else ""))
+            f"tp{p.tp}" + (f" cp{p.cp}" if p.cp > 1 else "") + (f" ep{p.ep}" if p.ep > 1 else ""))
         return f"{p.gpu} {layout}" + (f" pp{p.pp}" if p.pp > 1 else "") + f" ×{p.instances}"
 
     if d.mode == "disaggregated":
@@ -754,7 +756,7 @@ def _print_plan(req: Any, r: Any, order: list[Any], show_all: bool) -> None:
 
 PoolOpt = Annotated[str | None, typer.Option(metavar="GPU[:tpN][:ppN][:xN]",
                                              help="the one pool of a mixed or chunked deployment, e.g. h200-sxm:tp4:x7")]
-_POOL_PART = re.compile(r"^(tp|pp|dp|ep|x)([0-9]+)$")
+_POOL_PART = re.compile(r"^(tp|pp|dp|ep|cp|x)([0-9]+)$")
 
 
 def parse_pool(text: str, name: str, weight_dtype: str, kv_dtype: str) -> dict[str, Any]:
@@ -767,9 +769,9 @@ def parse_pool(text: str, name: str, weight_dtype: str, kv_dtype: str) -> dict[s
     for part in parts:
         m = _POOL_PART.match(part)
         if not gpu or m is None:
-            raise InputError(name, f"cannot read {text!r} as GPU[:tpN][:ppN][:dpN][:epN][:xN] (e.g. h100-sxm:tp2:x3, "
+            raise InputError(name, f"cannot read {text!r} as GPU[:tpN][:ppN][:dpN][:epN][:cpN][:xN] (e.g. h100-sxm:tp2:x3, "
                                    "h200-sxm:dp8:ep8)")
-        fields[{"tp": "tp", "pp": "pp", "dp": "dp", "ep": "ep", "x": "instances"}[m.group(1)]] = int(m.group(2))
+        fields[{"tp": "tp", "pp": "pp", "dp": "dp", "ep": "ep", "cp": "cp", "x": "instances"}[m.group(1)]] = int(m.group(2))
     return fields
 
 

@@ -75,6 +75,7 @@ class Estimate(_Out):
     pp: int
     ep: int
     dp: int = Field(description="attention data-parallel ranks (each tp GPUs with its own sequences)")
+    cp: int = Field(default=1, description="context-parallel ranks (each tp GPUs; prompts split, KV sharded over them)")
     isl: int
     osl: int
     batch: int
@@ -135,12 +136,13 @@ def memory_breakdown(
     weights = _weights_per_gpu(setup)
     workspace = float(f.activation_workspace_bytes(setup.values, T=max_batched_tokens,
                                                    b=min(batch, max_batched_tokens))) / setup.pp
-    per_seq = float(kv_bytes_per_gpu(m, isl + osl, setup.kv_dtype, tp=setup.tp, pp=setup.pp))
+    # context parallelism shards every sequence's KV over the cp ranks
+    per_seq = float(kv_bytes_per_gpu(m, isl + osl, setup.kv_dtype, tp=setup.tp, pp=setup.pp)) / setup.cp
     if spec is not None:
         ds = draft_setup(setup, spec)
         shares_head = spec.kind != "draft"
         weights += _weights_per_gpu(ds) - (_embedding_bytes_per_gpu(ds) if shares_head else 0.0)
-        per_seq += float(kv_bytes_per_gpu(ds.model, isl + osl, setup.kv_dtype, tp=setup.tp))
+        per_seq += float(kv_bytes_per_gpu(ds.model, isl + osl, setup.kv_dtype, tp=setup.tp)) / setup.cp
     mem = dict(u=gpu_memory_utilisation, M_hbm=g.hbm_bytes, W_b=weights, A_b=workspace, R_b=RUNTIME_RESERVE_BYTES)
     budget = float(f.kv_budget_bytes(mem))
     need = per_seq * batch
@@ -201,6 +203,7 @@ def estimate(
     dp: int = 1,
     expert_imbalance: float = DEFAULT_EXPERT_IMBALANCE,
     spec: Speculation | Mapping[str, Any] | None = None,
+    cp: int = 1,
     calibration: Efficiency | Mapping[str, Any] | str | os.PathLike[str] | None = None,
     rows: bool = True,
 ) -> Estimate:
@@ -218,6 +221,7 @@ def estimate(
     tp, pp, ep, dp, isl, osl, batch = _check_arguments(tp, pp, ep, dp, isl, osl, batch, weight_dtype, kv_dtype,
                                                        prefix_hit, gpu_memory_utilisation, rows, m)
     real("expert_imbalance", expert_imbalance, 1.0, 16.0)
+    cp = integer("cp", cp, 1, MAX_PARALLEL)
     if spec is not None:
         from .arguments import as_model
 
@@ -227,7 +231,7 @@ def estimate(
 
         g = apply_calibration(g, calibration)
     setup = setup_for(m, g, tp=tp, pp=pp, ep=ep, weight_dtype=weight_dtype, kv_dtype=kv_dtype, dp=dp,
-                      expert_imbalance=float(expert_imbalance))
+                      expert_imbalance=float(expert_imbalance), cp=cp)
     # attention-DP: the batch is spread over the dp ranks, each with its own sequences and KV
     rank_batch = -(-batch // dp)
     if spec is not None:
@@ -244,7 +248,7 @@ def estimate(
     common = dict(
         spec_tokens_per_step=None if spec is None else spec.tokens_per_step,
         model=m.id, gpu=g.id, tp=tp, pp=pp, ep=ep, dp=dp, isl=isl, osl=osl, batch=batch, weight_dtype=weight_dtype,
-        kv_dtype=kv_dtype, prefix_hit=prefix_hit, num_gpus=tp * pp * dp,
+        kv_dtype=kv_dtype, prefix_hit=prefix_hit, num_gpus=tp * pp * dp * cp, cp=cp,
         kv_bytes_per_token=kv_bytes_per_token(m, kv_dtype),
         kv_cache_bytes=float(kv_cache_bytes(m, isl + osl, kv_dtype, tp=tp)) * batch,
         weights_bytes_per_gpu=mem.weights_bytes, max_batch=max_b, memory=mem,

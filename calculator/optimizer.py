@@ -60,6 +60,11 @@ NODE_GPUS = 8
 PIPELINE_STAGES = (2, 4)
 DPS = (8, 16, 32)
 DP_CHOICES = (2, 4, 8, 16, 32, 64)
+CPS = (2, 4, 8)
+"""Context-parallel degrees the planner tries (at the largest fitting tp) for long prompts."""
+CP_MIN_PROMPT_TOKENS = 32_768
+"""Mean prompt length from which context parallelism is tried: below it a tp <= 8 prefill is short."""
+CP_CHOICES = (2, 4, 8, 16)
 MAX_DP = max(DP_CHOICES)
 """Attention data-parallel degrees the planner tries for mixture-of-experts models (tp 1, experts over
 all dp GPUs: DeepSeek-style DEP; 16 and 32 span nodes, so their all-to-all crosses the NIC)."""
@@ -151,7 +156,8 @@ def _describe(c: Candidate) -> str:
 def _layout(p: Pool) -> str:
     if p.dp > 1:
         return f"dp{p.dp} ep{p.ep}" + (f" tp{p.tp}" if p.tp > 1 else "") + (f" pp{p.pp}" if p.pp > 1 else "")
-    return f"tp{p.tp}" + (f" ep{p.ep}" if p.ep > 1 else "") + (f" pp{p.pp}" if p.pp > 1 else "")
+    return (f"tp{p.tp}" + (f" cp{p.cp}" if p.cp > 1 else "") + (f" ep{p.ep}" if p.ep > 1 else "")
+            + (f" pp{p.pp}" if p.pp > 1 else ""))
 
 
 @dataclass(frozen=True)
@@ -163,7 +169,7 @@ class _Single:
 
 
 def _nodes(pool: Pool) -> int:
-    per = pool.tp * pool.pp * pool.dp
+    per = pool.tp * pool.pp * pool.dp * pool.cp
     if per >= NODE_GPUS:
         return pool.instances * math.ceil(per / NODE_GPUS)
     return math.ceil(pool.instances / (NODE_GPUS // per))
@@ -206,7 +212,7 @@ def _instances(rate: float, capacity: float) -> int:
 
 def _with_instances(pool: Pool, n: int, whole_nodes: bool) -> Pool:
     """The pool at n instances; with ``whole_nodes``, as many instances as its whole 8-GPU nodes hold."""
-    per = pool.tp * pool.pp * pool.dp
+    per = pool.tp * pool.pp * pool.dp * pool.cp
     if whole_nodes and per < NODE_GPUS:
         n = math.ceil(n / (NODE_GPUS // per)) * (NODE_GPUS // per)
     return pool.model_copy(update={"instances": n})
@@ -331,8 +337,8 @@ def _single_pool_candidates(m: ModelSpec, s: _Single, w: Workload, slo: SLO, mod
         searched += len(protos)
         n = np.array([_instances(w.rate, c) for c in caps])
         trial_n = np.maximum(n[:, None] + np.array(ROUNDING_STEPS)[None, :], 1)
-        if whole_nodes and one.tp * one.pp * one.dp < NODE_GPUS:
-            per_node = NODE_GPUS // (one.tp * one.pp * one.dp)
+        if whole_nodes and one.tp * one.pp * one.dp * one.cp < NODE_GPUS:
+            per_node = NODE_GPUS // (one.tp * one.pp * one.dp * one.cp)
             trial_n = np.ceil(trial_n / per_node) * per_node
         with np.errstate(all="ignore"):
             a = evaluate_at(w.rate / np.minimum(trial_n, MAX_INSTANCES))
@@ -377,6 +383,7 @@ def plan(
     whole_nodes: bool = False,
     scheduler: Scheduler = "hybrid",
     dps: Sequence[int] | int = DPS,
+    cps: Sequence[int] | int = CPS,
     _verify_nearest: bool = True,
 ) -> Plan:
     """Rank deployments that meet ``slo`` at ``workload.rate``; say why when none does.
@@ -393,7 +400,8 @@ def plan(
     Pipeline stages (pp 2, 4) are tried only for GPU types on which the model does not fit at the
     largest tp: in serving, pp only adds stage hand-offs when tp alone suffices. For a
     mixture-of-experts model, ``dps`` are the attention data-parallel degrees tried (tp 1, ep = dp;
-    an empty list tries none).
+    an empty list tries none). ``cps`` are the context-parallel degrees tried when the mean prompt is
+    at least CP_MIN_PROMPT_TOKENS (an empty list tries none).
     """
     m = model_spec(model)
     workload = as_model("workload", workload, Workload)
@@ -409,6 +417,9 @@ def plan(
     dps = () if isinstance(dps, (list, tuple)) and not dps else tuple(
         choice(f"dps.{i}", integer(f"dps.{i}", d, 2, MAX_DP), DP_CHOICES)
         for i, d in enumerate(items("dps", dps, len(DP_CHOICES), (int, np.integer))))
+    cps = () if isinstance(cps, (list, tuple)) and not cps else tuple(
+        choice(f"cps.{i}", integer(f"cps.{i}", c, 2, max(CP_CHOICES)), CP_CHOICES)
+        for i, c in enumerate(items("cps", cps, len(CP_CHOICES), (int, np.integer))))
     chunk_sizes = tuple(integer(f"chunk_sizes.{i}", c, MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS)
                         for i, c in enumerate(items("chunk_sizes", chunk_sizes, MAX_CHUNK_BUDGETS, (int, np.integer))))
     choice("weight_dtype", weight_dtype, WEIGHT_DTYPES)
@@ -417,7 +428,7 @@ def plan(
     whole_nodes = flag("whole_nodes", whole_nodes)
     check_context(m, workload)
 
-    singles = _singles(m, specs, tps, workload, weight_dtype, kv_dtype, dps)
+    singles = _singles(m, specs, tps, workload, weight_dtype, kv_dtype, dps, cps)
     cands: list[Candidate] = []
     points: list[_Points] = []  # Pareto material: every stable (configuration, load) on the rate grids
     searched = 0
@@ -456,10 +467,10 @@ def plan(
 
 
 def _singles(m: ModelSpec, specs: list[GPUSpec], tps: tuple[int, ...], w: Workload, weight_dtype: WeightDtype,
-             kv_dtype: KVDtype, dps: tuple[int, ...] = DPS) -> list[_Single]:
+             kv_dtype: KVDtype, dps: tuple[int, ...] = DPS, cps: tuple[int, ...] = CPS) -> list[_Single]:
     """One PoolModel per (GPU, tp[, pp]) on which the model and one sequence's KV fit, and for a
     mixture-of-experts model that does not fit one GPU per (GPU, dp) with attention data-parallelism
-    and ep = dp."""
+    and ep = dp, and for long prompts per (GPU, cp) at the widest tp."""
     out = []
     for gpu in specs:
         g = gpu.id
@@ -491,6 +502,13 @@ def _singles(m: ModelSpec, specs: list[GPUSpec], tps: tuple[int, ...], w: Worklo
             pm = PoolModel.build(m, pool, w, gpu)
             if pm.fits:
                 out.append(_Single(g, 1, 1, pm))
+        # long prompts: context parallelism at the largest tensor-parallel degree that fits
+        widest = max((s.tp for s in out if s.gpu == g and s.pm.pool.pp == 1 and s.pm.pool.dp == 1), default=None)
+        for cp in cps if widest is not None and w.isl.mean >= CP_MIN_PROMPT_TOKENS else ():
+            budget.check()
+            pm = PoolModel.build(m, Pool(gpu=g, tp=widest, cp=cp, weight_dtype=weight_dtype, kv_dtype=kv_dtype), w, gpu)
+            if pm.fits:
+                out.append(_Single(g, widest, 1, pm))
     return out
 
 

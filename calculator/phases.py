@@ -74,11 +74,16 @@ class Setup:
     spread over all dp x tp GPUs (ep = dp x tp) and every token is dispatched to its experts' GPUs."""
     expert_imbalance: float = DEFAULT_EXPERT_IMBALANCE
     """With ep > 1: routed tokens on the busiest GPU / the mean (the step waits for it)."""
+    cp: int = 1
+    """Context-parallel ranks of tp GPUs each: a prompt's tokens are split over them (load-balanced
+    causal chunks) and their KV passes around the ring while attention computes (ring attention);
+    every sequence's KV cache is sharded over them, so a decode step reads 1/cp of it on each and
+    combines the partial attention outputs. Weights are replicated on every rank."""
     values: dict[str, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         m, g = self.model, self.gpu
-        for name, v in (("tp", self.tp), ("pp", self.pp), ("ep", self.ep), ("dp", self.dp)):
+        for name, v in (("tp", self.tp), ("pp", self.pp), ("ep", self.ep), ("dp", self.dp), ("cp", self.cp)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise InputError(name, f"must be a positive integer, got {v!r}")
         if not isinstance(self.expert_imbalance, (int, float)) or not 1.0 <= self.expert_imbalance <= 16.0:
@@ -88,6 +93,8 @@ class Setup:
             raise InputError("ep" if self.ep > 1 else "dp",
                              "expert parallelism and attention data-parallelism need a mixture-of-experts model (a "
                              "dense model takes more instances instead)")
+        if self.cp > 1 and self.dp > 1:
+            raise InputError("cp", "context parallelism and attention data-parallelism are not combined; choose one")
         if self.dp > 1 and self.ep != self.dp * self.tp:
             raise InputError("ep", f"with attention data-parallelism the experts are spread over every GPU of the "
                                    f"instance: ep = dp x tp = {self.dp * self.tp}, got ep={self.ep}")
@@ -113,6 +120,10 @@ class Setup:
         object.__setattr__(self, "tp_link_bytes_per_s", group_link_bytes_per_s(g, self.tp))
         # expert dispatch and combine cross the whole expert-parallel group (a NIC beyond one node)
         object.__setattr__(self, "ep_link_bytes_per_s", group_link_bytes_per_s(g, self.dp * self.tp))
+        # ring attention: each GPU sends to its peer in the next rank, over the scale-up links while
+        # the ranks share a node
+        object.__setattr__(self, "cp_link_bytes_per_s", group_link_bytes_per_s(
+            g, 2 if self.cp * self.tp <= g.scaleup_domain_gpus else g.scaleup_domain_gpus + 1))
         # a stage sends to the next over one pair of GPUs: inside the node when all stages fit in it
         object.__setattr__(self, "pp_link_bytes_per_s", group_link_bytes_per_s(
             g, 2 if self.tp * self.pp <= g.scaleup_domain_gpus else g.scaleup_domain_gpus + 1))
@@ -180,11 +191,12 @@ def group_link_bytes_per_s(gpu: GPUSpec, group_gpus: int) -> float:
 
 @lru_cache(maxsize=512)
 def setup_for(model: ModelSpec, gpu: GPUSpec, tp: int = 1, pp: int = 1, ep: int = 1, weight_dtype: str = "bf16",
-              kv_dtype: str = "bf16", dp: int = 1, expert_imbalance: float = DEFAULT_EXPERT_IMBALANCE) -> Setup:
+              kv_dtype: str = "bf16", dp: int = 1, expert_imbalance: float = DEFAULT_EXPERT_IMBALANCE,
+              cp: int = 1) -> Setup:
     """``Setup(...)``, shared between calls with the same arguments (specs are frozen, so a setup
     never changes; building one evaluates a dozen formulas)."""
     return Setup(model, gpu, tp=tp, pp=pp, ep=ep, weight_dtype=weight_dtype, kv_dtype=kv_dtype, dp=dp,
-                 expert_imbalance=expert_imbalance)
+                 expert_imbalance=expert_imbalance, cp=cp)
 
 
 @dataclass(frozen=True)
@@ -258,7 +270,10 @@ def step_groups(
     S_c = np.asarray(chunk[0] if chunk else 0.0, dtype=float)
     P_c = np.asarray(chunk[1] if chunk else 0.0, dtype=float)
     b_c = np.asarray(chunk[2] if chunk and len(chunk) > 2 else 1.0, dtype=float)
-    T = b * S + b_c * S_c
+    # context parallelism: prompt tokens (a prefill, or a chunk) are split over the cp ranks; a
+    # decode's one new token is computed on every rank (each attends over its share of the cache)
+    cp = setup.cp
+    T = (b * S / cp if phase == "prefill" else b * S) + b_c * S_c / cp
     tp, L = setup.tp, m.num_layers
     gemm_peak = setup.gemm_rate_flops_per_s
     groups: list[Group] = []
@@ -310,18 +325,46 @@ def step_groups(
         setup.gpu.peak_flops_per_s(attention_rate(setup.weight_dtype)), 2, setup,
     ))
 
-    # attention core (QK^T, softmax, PV) over the cached and new tokens
+    # attention core (QK^T, softmax, PV) over the cached and new tokens; with cp each rank does 1/cp
     attn_flops, attn_bytes = _attention_work(setup, S, P, b, phase)
     if chunk is not None:
         chunk_flops, chunk_bytes = _attention_work(setup, S_c, P_c, b_c + 0 * S_c, "prefill")
         attn_flops, attn_bytes = attn_flops + chunk_flops, attn_bytes + chunk_bytes
-    groups.append(_roofline(
-        "attention", attn_flops, attn_bytes, setup.attention_rate_flops_per_s,
+    attention = _roofline(
+        "attention", attn_flops / cp, attn_bytes / cp, setup.attention_rate_flops_per_s,
         KERNELS_PER_LAYER["attention"] * L * (2 if chunk is not None else 1), setup,
-    ))
+    )
+    groups.append(attention)
 
     groups.extend(_communication(setup, T))
+    if cp > 1:
+        groups.append(_context_parallel_comm(setup, S, P, b, phase, (S_c, b_c) if chunk is not None else None,
+                                             attention))
     return groups
+
+
+def _context_parallel_comm(setup: Setup, S, P, b, phase: Phase, chunk, attention: Group) -> Group:
+    """Context parallelism's traffic. Prompt tokens: ring attention passes each rank's new KV to the
+    other cp - 1 ranks, one hop a layer each, while attention computes; only what outlasts the
+    attention is visible. Decode: every rank sends its partial attention output (and log-sum-exp) for
+    the new token to the others, one exchange a layer."""
+    m, v = setup.model, setup.values
+    cp, L = setup.cp, m.num_layers
+    S, P, b = (np.asarray(x, dtype=float) for x in (S, P, b))
+    prompt_tokens = b * S if phase == "prefill" else 0.0 * b
+    if chunk is not None:
+        prompt_tokens = prompt_tokens + np.asarray(chunk[1], dtype=float) * np.asarray(chunk[0], dtype=float)
+    kv_hop = prompt_tokens / cp * v["e_kv"] * v["b_kv"]  # one rank's new KV of one layer, on one GPU
+    ring = np.asarray(f.p2p_time(v, n_coll=L * (cp - 1), M=kv_hop, beta_link=setup.cp_link_bytes_per_s), dtype=float)
+    ring = np.where(prompt_tokens > 0, ring, 0.0)
+    exposed = np.maximum(ring - attention.time_s, 0.0)
+    decodes = b if phase == "decode" else 0.0 * b
+    partial = decodes * (m.num_attention_heads / setup.tp) * (_mla_dims(m, "decode")[1] + 1) * v["b_a"]
+    gather = np.asarray(f.alltoall_time({**v, "ep": cp}, n_coll=L, M=partial * cp, beta_link=setup.cp_link_bytes_per_s),
+                        dtype=float)
+    gather = np.where(decodes > 0, gather, 0.0)
+    return _comm_group("cp_exchange", exposed + gather, L * (cp - 1) * kv_hop + L * partial * (cp - 1),
+                       "p2p_time")
 
 
 def _attention_work(setup: Setup, S, P, b, phase: Phase) -> tuple[np.ndarray, np.ndarray]:

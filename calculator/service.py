@@ -36,7 +36,7 @@ from .limits import (
     MAX_SWEEP_POINTS,
     MAX_TOKENS,
 )
-from .optimizer import CHUNKS, DPS, TPS, Objective, Plan, plan
+from .optimizer import CHUNKS, CPS, DPS, TPS, Objective, Plan, plan
 from .params import active_param_count, param_count
 from .phases import DEFAULT_EXPERT_IMBALANCE
 from .serving import SLO, Deployment, Evaluation, Workload, evaluate
@@ -245,6 +245,7 @@ class EstimateRequest(_Request):
     expert_imbalance: float = Field(default=DEFAULT_EXPERT_IMBALANCE, ge=1.0, le=16.0,
                                     description="with ep > 1: routed tokens on the busiest GPU / the mean")
     spec: Speculation | None = Field(default=None, description="speculative decoding (mtp, eagle or a draft model)")
+    cp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="context-parallel ranks of tp GPUs (long prompts)")
     isl: Tokens = 1024
     osl: Tokens = 256
     batch: int = Field(default=1, ge=1, le=MAX_BATCH)
@@ -267,7 +268,7 @@ BASE_ESTIMATE_FORMULAS = ("weights_bytes_per_gpu", "kv_bytes_context", "kv_budge
 
 def run_estimate(req: EstimateRequest) -> EstimateResponse:
     e = estimate(resolve_model(req.model), resolve_gpu(req.gpu), tp=req.tp, pp=req.pp, ep=req.ep, dp=req.dp,
-                 expert_imbalance=req.expert_imbalance, spec=req.spec, isl=req.isl,
+                 expert_imbalance=req.expert_imbalance, spec=req.spec, cp=req.cp, isl=req.isl,
                  osl=req.osl, batch=req.batch, weight_dtype=req.weight_dtype, kv_dtype=req.kv_dtype,
                  prefix_hit=req.prefix_hit, gpu_memory_utilisation=req.gpu_memory_utilisation,
                  calibration=req.calibration, rows=True)
@@ -303,6 +304,9 @@ class PlanRequest(_Request):
     dps: list[Literal[2, 4, 8, 16, 32, 64]] = Field(
         default=list(DPS), max_length=6, description="mixture-of-experts models: attention data-parallel degrees to "
         "try (tp 1, ep = dp); empty: none")
+    cps: list[Literal[2, 4, 8, 16]] = Field(
+        default=list(CPS), max_length=4, description="context-parallel degrees to try when the mean prompt is at "
+        "least 32,768 tokens (at the widest tp); empty: none")
 
 
 class PlanResponse(BaseModel):
@@ -315,7 +319,7 @@ def run_plan(req: PlanRequest) -> PlanResponse:
              gpus=list(req.gpus) if req.gpus is not None else None, modes=list(req.modes) if req.modes else None,
              objective=req.objective, tps=tuple(req.tps), chunk_sizes=tuple(req.chunk_sizes),
              weight_dtype=req.weight_dtype, kv_dtype=req.kv_dtype, kv_link=req.kv_link, whole_nodes=req.whole_nodes,
-             scheduler=req.scheduler, dps=tuple(req.dps))
+             scheduler=req.scheduler, dps=tuple(req.dps), cps=tuple(req.cps))
     return PlanResponse(plan=p, explanation=p.explain())
 
 

@@ -257,3 +257,43 @@ def test_wide_ep_decode_against_public_measurements(record_id):
     e = pc.estimate("deepseek-v3", gpu, tp=1, dp=n, ep=n, batch=n * per_gpu, isl=ctx, osl=2, weight_dtype="fp8",
                     kv_dtype="bf16")
     assert e.output_tokens_per_s / n == pytest.approx(measured, rel=0.25)
+
+
+# --- context parallelism ----------------------------------------------------------------------------
+
+
+def test_context_parallelism_splits_a_long_prefill_and_shards_the_kv():
+    """Llama-3.1-70B fp8 on H200 tp8, a 130k-token prompt: cp ranks split the tokens (GEMMs and
+    attention by cp), so TTFT falls about cp-fold below the tp8 floor; every sequence's KV is sharded,
+    so the sequences that fit grow cp-fold; the ring's KV exchange hides behind the attention."""
+    kw = {"tp": 8, "isl": 130_000, "osl": 500, "weight_dtype": "fp8"}
+    one = pc.estimate("llama-3.1-70b", "h200-sxm", **kw)
+    eight = pc.estimate("llama-3.1-70b", "h200-sxm", cp=8, **kw)
+    assert eight.num_gpus == 64 and eight.cp == 8
+    assert 6.5 < one.ttft_s / eight.ttft_s <= 8.0
+    assert eight.max_batch >= 8 * one.max_batch
+    ring = next(r for r in eight.rows if r.phase == "prefill" and r.group == "cp_exchange")
+    assert ring.time_s == 0.0 and ring.bytes > 0  # sent while attention computes
+    attn = {e.cp: next(r for r in e.rows if r.phase == "prefill" and r.group == "attention") for e in (one, eight)}
+    assert attn[8].flops == pytest.approx(attn[1].flops / 8)
+
+
+def test_context_parallel_decode_reads_a_share_of_the_cache_and_exchanges_partial_outputs():
+    kw = {"tp": 8, "isl": 100_000, "osl": 500, "batch": 4, "weight_dtype": "fp8"}
+    one, two = (pc.estimate("llama-3.1-70b", "h200-sxm", cp=c, **kw) for c in (1, 2))
+    a1, a2 = (next(r for r in e.rows if r.phase == "decode" and r.group == "attention") for e in (one, two))
+    assert a2.bytes == pytest.approx(a1.bytes / 2)
+    x = next(r for r in two.rows if r.phase == "decode" and r.group == "cp_exchange")
+    assert x.time_s > 80 * 8e-6  # one exchange a layer, at least its latency
+
+
+def test_the_planner_reaches_below_the_tp8_floor_with_context_parallelism():
+    w, slo = Workload(rate=0.5, isl=120_000, osl=500), pc.SLO(ttft_s=3.0, tpot_s=0.05)
+    kw = {"gpus": ["h200-sxm"], "weight_dtype": "fp8"}
+    assert not pc.plan("llama-3.1-70b", w, slo, cps=[], **kw).feasible
+    p = pc.plan("llama-3.1-70b", w, slo, **kw)
+    assert p.feasible and any(x.cp > 1 for x in p.best.deployment.pools)
+    assert p.best.ttft_p_s <= 3.0
+    # short prompts never try it
+    short = pc.plan("llama-3.1-70b", Workload(rate=1.0, isl=2000, osl=500), slo, **kw)
+    assert all(x.cp == 1 for c in short.candidates for x in c.deployment.pools)

@@ -56,6 +56,8 @@ class Pool(BaseModel):
                       "experts are spread over all dp x tp GPUs (ep = dp x tp)")
     ep: Count = Field(default=1, ge=1, le=MAX_EXPERT_PARALLEL, description="expert-parallel degree: with dp = 1 it divides "
                       "tp (experts split inside the tensor-parallel group); with dp > 1 it is dp x tp")
+    cp: Count = Field(default=1, ge=1, le=MAX_PARALLEL, description="context-parallel ranks of tp GPUs: a prompt's "
+                      "tokens are split over them (ring attention) and every sequence's KV is sharded over them")
     expert_imbalance: float = Field(default=DEFAULT_EXPERT_IMBALANCE, ge=1.0, le=16.0, description="with ep > 1: "
                                     "routed tokens on the busiest GPU / the mean (1.2: with expert load balancing)")
     instances: Count = Field(default=1, ge=1, le=10_000)
@@ -72,7 +74,7 @@ class Pool(BaseModel):
 
     @property
     def num_gpus(self) -> int:
-        return self.tp * self.pp * self.dp * self.instances
+        return self.tp * self.pp * self.dp * self.cp * self.instances
 
     @property
     def streams(self) -> int:
@@ -196,20 +198,21 @@ class PoolModel:
     def build(cls, model: ModelSpec, pool: Pool, workload: Workload, gpu: GPUSpec | None = None) -> PoolModel:
         g = gpu or load_gpu(pool.gpu)
         setup = Setup(model, g, tp=pool.tp, pp=pool.pp, ep=pool.ep, weight_dtype=pool.weight_dtype,
-                      kv_dtype=pool.kv_dtype, dp=pool.dp, expert_imbalance=pool.expert_imbalance)
+                      kv_dtype=pool.kv_dtype, dp=pool.dp, expert_imbalance=pool.expert_imbalance, cp=pool.cp)
         seq = int(workload.isl.mean + workload.osl.mean)
         mem = memory_breakdown(setup, seq, 0, 1, spec=pool.spec)
         draft = None if pool.spec is None else draft_setup(setup, pool.spec).model
 
-        def kv(tokens: float) -> float:
+        def kv(tokens: float) -> float:  # per GPU: context parallelism shards every sequence over cp ranks
             own = float(kv_bytes_per_gpu(model, tokens, pool.kv_dtype, tp=pool.tp, pp=pool.pp))
-            return own + (0.0 if draft is None else float(kv_bytes_per_gpu(draft, tokens, pool.kv_dtype, tp=pool.tp)))
+            draft_kv = 0.0 if draft is None else float(kv_bytes_per_gpu(draft, tokens, pool.kv_dtype, tp=pool.tp))
+            return (own + draft_kv) / pool.cp
 
         window = float(model.sliding_window or 0) if model.num_sliding_layers else 0.0
         full = kv(window + 1) - kv(window) if window else kv(1.0)
         fits = mem.kv_budget_bytes > kv(seq)
         reason = None if fits else (
-            f"{model.id} does not fit on {g.id} at tp={pool.tp} pp={pool.pp}"
+            f"{model.id} does not fit on {g.id} at tp={pool.tp} pp={pool.pp}" + (f" cp={pool.cp}" if pool.cp > 1 else "")
             + (f" dp={pool.dp} ep={pool.ep}" if pool.dp > 1 or pool.ep > 1 else "") + f" ({pool.weight_dtype}): "
             f"{(mem.weights_bytes + mem.activation_workspace_bytes + mem.runtime_reserve_bytes) / 1e9:.1f} GB per GPU "
             f"before KV, {mem.usable_bytes / 1e9:.1f} GB usable")

@@ -58,7 +58,7 @@ def kv_move_s(model: ModelSpec, kv_bytes: float, pre: PoolModel, dec: PoolModel,
     """``kv_bytes`` (what the decode instance's GPUs hold together: every tensor-parallel rank needs
     its own copy of an MLA latent, or of a KV head when tp exceeds the KV heads) over min(tp_p, tp_d) parallel links (NIC or scale-up) with the link efficiency and
     one collective latency; with layer-wise overlap, only what outlasts the prefill (>= one layer)."""
-    links = min(pre.pool.tp, dec.pool.tp)
+    links = min(pre.pool.tp * pre.pool.cp, dec.pool.tp * dec.pool.cp)
     if kv_link == "scaleup":  # GPU to GPU: one pair's link (a full mesh's direct link)
         per_link = min(group_link_bytes_per_s(pre.gpu, 2), group_link_bytes_per_s(dec.gpu, 2))
     else:
