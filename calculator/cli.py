@@ -135,11 +135,12 @@ def _one_line(text: str) -> str:
 
 
 def _validation_message(e: Any) -> str:
-    """``loc: msg`` of a pydantic ValidationError's first error."""
-    first = e.errors()[0]
-    msg = first["msg"].removeprefix("Value error, ")
-    loc = ".".join(map(str, first["loc"]))
-    return f"{loc}: {msg}" if loc else msg if re.match(r"^[\w.]+: ", msg) else f"input: {msg}"
+    """``loc: msg`` of a pydantic ValidationError's first error; a validator's own ``name: reason``
+    extends the location (``deployment.decode.ep: ...``), as the Python and REST errors do."""
+    from .arguments import from_validation_error
+
+    err = from_validation_error(e, "")
+    return f"{err.field}: {err.reason}" if err.field else f"input: {err.reason}"
 
 
 def classify(e: BaseException) -> tuple[int, str | None]:

@@ -307,3 +307,10 @@ def test_real_validate_with_a_bad_out_returns_at_once(tmp_path):
     assert r.returncode == 4, r.stderr
     assert _one_line(r.stderr).startswith("error: out: ")
     assert time.perf_counter() - t0 < 30
+
+
+def test_a_pool_layout_error_names_the_pool_field():
+    r = _invoke("evaluate", "deepseek-v3", "--rate", "2", "--isl", "2000", "--osl", "500",
+                "--prefill", "h200-sxm:tp8", "--decode", "h200-sxm:dp8:ep4", "--weight-dtype", "fp8")
+    assert r.exit_code == 2
+    assert "deployment.decode.ep: with attention data-parallelism" in r.output
