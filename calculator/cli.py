@@ -627,7 +627,8 @@ def pool_label(d: Any) -> str:
     def pool(p: Any) -> str:
         layout = f"dp{p.dp} ep{p.ep}" + (f" tp{p.tp}" if p.tp > 1 else "") if p.dp > 1 else (
             f"tp{p.tp}" + (f" cp{p.cp}" if p.cp > 1 else "") + (f" ep{p.ep}" if p.ep > 1 else ""))
-        return f"{p.gpu} {layout}" + (f" pp{p.pp}" if p.pp > 1 else "") + f" ×{p.instances}"
+        spec = f" +{p.spec.kind}" if p.spec is not None else ""
+        return f"{p.gpu} {layout}" + (f" pp{p.pp}" if p.pp > 1 else "") + spec + f" ×{p.instances}"
 
     if d.mode == "disaggregated":
         return f"P: {pool(d.prefill)} | D: {pool(d.decode)}"

@@ -28,7 +28,7 @@ from .errors import InputError
 from .kv_cache import kv_cache_bytes
 from .limits import MAX_CHUNK_BUDGETS, MAX_GPU_TYPES
 from .precision import KV_DTYPES, WEIGHT_DTYPES
-from .serving import analyse, check_context, chunked
+from .serving import analyse, check_context, chunked, in_steps, per_token
 from .serving.base import (
     Deployment,
     Mode,
@@ -39,6 +39,7 @@ from .serving.base import (
     Scheduler,
     rate_grid,
 )
+from .speculation import Speculation
 
 SCHEDULERS = ("hybrid", "prefill_first")
 from .serving.disaggregated import kv_move_s, prefill_capacity, prefill_time
@@ -154,10 +155,11 @@ def _describe(c: Candidate) -> str:
 
 
 def _layout(p: Pool) -> str:
+    spec = f" +{p.spec.kind} x{p.spec.tokens}" if p.spec is not None else ""
     if p.dp > 1:
-        return f"dp{p.dp} ep{p.ep}" + (f" tp{p.tp}" if p.tp > 1 else "") + (f" pp{p.pp}" if p.pp > 1 else "")
+        return f"dp{p.dp} ep{p.ep}" + (f" tp{p.tp}" if p.tp > 1 else "") + (f" pp{p.pp}" if p.pp > 1 else "") + spec
     return (f"tp{p.tp}" + (f" cp{p.cp}" if p.cp > 1 else "") + (f" ep{p.ep}" if p.ep > 1 else "")
-            + (f" pp{p.pp}" if p.pp > 1 else ""))
+            + (f" pp{p.pp}" if p.pp > 1 else "") + spec)
 
 
 @dataclass(frozen=True)
@@ -305,6 +307,8 @@ def _single_pool_candidates(m: ModelSpec, s: _Single, w: Workload, slo: SLO, mod
     service = PrefillService.of(s.pm, w, slo.p)
     rates = rate_grid(1.0 / service.mean_s, CAPACITY_GRID_POINTS)
     one = s.pm.pool.model_copy(update={"instances": 1})
+    e = s.pm.tokens_per_step  # speculative decoding: the modes count outputs in steps (serving.analyse)
+    w_steps = in_steps(w, e) if e > 1 else w
     joint = slo.attainment == "joint"
     out: list[Candidate] = []
     searched = 0
@@ -322,10 +326,11 @@ def _single_pool_candidates(m: ModelSpec, s: _Single, w: Workload, slo: SLO, mod
         budgets = np.array([r[1] for r in rows])
         whole = np.array([r[2] for r in rows])
         with np.errstate(all="ignore"):
-            grid = chunked.analyse_budgets(s.pm, w, rates, slo.p, budgets, one.streams, whole, joint)
+            grid = per_token(chunked.analyse_budgets(s.pm, w_steps, rates, slo.p, budgets, one.streams, whole, joint), e)
         caps = _largest_meeting(rates, grid.meets(slo), grid.margin(slo))
         points.extend(_grid_points(protos, rates, grid, slo, w))
-        groups.append((protos, caps, lambda r: chunked.analyse_budgets(s.pm, w, r, slo.p, budgets, one.streams, whole, joint)))
+        groups.append((protos, caps, lambda r: per_token(
+            chunked.analyse_budgets(s.pm, w_steps, r, slo.p, budgets, one.streams, whole, joint), e)))
     if "mixed" in modes and scheduler != "hybrid":
         d = Deployment(mode="mixed", pool=one, scheduler=scheduler)
         grid = analyse(m, d, w, rates, slo.p, (s.pm,), joint)
@@ -384,6 +389,7 @@ def plan(
     scheduler: Scheduler = "hybrid",
     dps: Sequence[int] | int = DPS,
     cps: Sequence[int] | int = CPS,
+    spec: Speculation | Mapping[str, Any] | None = None,
     _verify_nearest: bool = True,
 ) -> Plan:
     """Rank deployments that meet ``slo`` at ``workload.rate``; say why when none does.
@@ -401,7 +407,8 @@ def plan(
     largest tp: in serving, pp only adds stage hand-offs when tp alone suffices. For a
     mixture-of-experts model, ``dps`` are the attention data-parallel degrees tried (tp 1, ep = dp;
     an empty list tries none). ``cps`` are the context-parallel degrees tried when the mean prompt is
-    at least CP_MIN_PROMPT_TOKENS (an empty list tries none).
+    at least CP_MIN_PROMPT_TOKENS (an empty list tries none). ``spec`` (a ``Speculation``) is tried on
+    every pool that decodes, beside the same pool without it; the ranking keeps whichever wins.
     """
     m = model_spec(model)
     workload = as_model("workload", workload, Workload)
@@ -429,6 +436,9 @@ def plan(
     check_context(m, workload)
 
     singles = _singles(m, specs, tps, workload, weight_dtype, kv_dtype, dps, cps)
+    if spec is not None:
+        spec = as_model("spec", spec, Speculation)
+        singles += _speculative_twins(m, singles, spec, workload)
     cands: list[Candidate] = []
     points: list[_Points] = []  # Pareto material: every stable (configuration, load) on the rate grids
     searched = 0
@@ -512,6 +522,20 @@ def _singles(m: ModelSpec, specs: list[GPUSpec], tps: tuple[int, ...], w: Worklo
     return out
 
 
+def _speculative_twins(m: ModelSpec, singles: list[_Single], spec: Speculation, w: Workload) -> list[_Single]:
+    """Each single pool again with speculative decoding, where the draft's memory still lets it fit."""
+    out = []
+    for s in singles:
+        budget.check()
+        try:
+            pm = PoolModel.build(m, s.pm.pool.model_copy(update={"spec": spec}), w, s.pm.gpu)
+        except InputError as e:
+            raise InputError(e.field if e.field.startswith("spec") else f"spec.{e.field}", e.reason) from None
+        if pm.fits:
+            out.append(_Single(s.gpu, s.tp, s.pp, pm))
+    return out
+
+
 def _best_of_each_mode_first(cands: list[Candidate]) -> list[Candidate]:
     """The ranking with the best of each mode moved to the front (in rank order). Positions, not
     ``==``: comparing pydantic records field by field over thousands of candidates costs milliseconds."""
@@ -544,7 +568,7 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
         budget.check()
         one = s.pm.pool.model_copy(update={"instances": 1})
         # the decode side alone: a prefill pool too large to queue, so only decode limits this check
-        unbounded = s.pm.pool.model_copy(update={"instances": MAX_POOL_INSTANCES})
+        unbounded = s.pm.pool.model_copy(update={"instances": MAX_POOL_INSTANCES, "spec": None})
         d = Deployment(mode="disaggregated", prefill=unbounded, decode=one, kv_link=kv_link)
         upper = s.pm.batch_limit(w) / (w.osl.mean * float(s.pm.decode_s(1, w.isl.mean)))
         # the decode side alone must meet the TPOT, and the TTFT with a prefill pool too large to queue
@@ -568,6 +592,8 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
                    for dec, _, _ in decode_side]
     for p in singles:
         budget.check()
+        if p.pm.pool.spec is not None:
+            continue  # a prefill pool does not decode: its speculative twin is the same pool
         service = PrefillService.of(p.pm, w, slo.p)
         if service.quantile_s >= slo.ttft_s:
             continue

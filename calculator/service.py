@@ -304,6 +304,8 @@ class PlanRequest(_Request):
     dps: list[Literal[2, 4, 8, 16, 32, 64]] = Field(
         default=list(DPS), max_length=6, description="mixture-of-experts models: attention data-parallel degrees to "
         "try (tp 1, ep = dp); empty: none")
+    spec: Speculation | None = Field(default=None, description="speculative decoding to try on every pool that "
+                                     "decodes, beside the same pool without it")
     cps: list[Literal[2, 4, 8, 16]] = Field(
         default=list(CPS), max_length=4, description="context-parallel degrees to try when the mean prompt is at "
         "least 32,768 tokens (at the widest tp); empty: none")
@@ -319,7 +321,7 @@ def run_plan(req: PlanRequest) -> PlanResponse:
              gpus=list(req.gpus) if req.gpus is not None else None, modes=list(req.modes) if req.modes else None,
              objective=req.objective, tps=tuple(req.tps), chunk_sizes=tuple(req.chunk_sizes),
              weight_dtype=req.weight_dtype, kv_dtype=req.kv_dtype, kv_link=req.kv_link, whole_nodes=req.whole_nodes,
-             scheduler=req.scheduler, dps=tuple(req.dps), cps=tuple(req.cps))
+             scheduler=req.scheduler, dps=tuple(req.dps), cps=tuple(req.cps), spec=req.spec)
     return PlanResponse(plan=p, explanation=p.explain())
 
 

@@ -91,3 +91,20 @@ def test_speculation_is_not_simulated_yet():
     d = {"mode": "mixed", "pool": {"gpu": "h100-sxm", "spec": {"kind": "eagle"}}}
     with pytest.raises(pc.InputError, match="not simulated"):
         pc.simulate("llama-3.1-8b", d, {"rate": 1, **W})
+
+
+def test_the_planner_takes_mtp_where_it_halves_the_gpus():
+    """DeepSeek-V3 fp8 on H200 at 40 req/s with a 25 ms TPOT: without MTP 48 GPUs; offered MTP (one
+    draft token at 0.85) the planner takes it on the decode pool and needs 24."""
+    w, slo = pc.Workload(rate=40, isl=2000, osl=500), pc.SLO(ttft_s=2.0, tpot_s=0.025)
+    kw = {"gpus": ["h200-sxm"], "weight_dtype": "fp8", "kv_dtype": "fp8"}
+    plain = pc.plan("deepseek-v3", w, slo, **kw)
+    mtp = pc.plan("deepseek-v3", w, slo, spec=Speculation(kind="mtp", tokens=1, acceptance=0.85), **kw)
+    assert all(p.spec is None for c in plain.candidates for p in c.deployment.pools)
+    assert mtp.best.num_gpus < plain.best.num_gpus
+    assert mtp.best.deployment.pools[-1].spec is not None
+    assert all(p.spec is None for c in mtp.candidates if c.mode == "disaggregated" for p in c.deployment.pools[:1])
+    # the candidate's figures are evaluate's
+    r = pc.evaluate("deepseek-v3", mtp.best.deployment, w, slo)
+    assert r.tpot_s(90) == pytest.approx(mtp.best.tpot_p_s, rel=1e-6)
+    assert "+mtp" in mtp.explain()

@@ -45,9 +45,16 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, rates, p: float,
             a = disaggregated.analyse(model, d, w, rates, p, pools, joint)  # type: ignore[arg-type]
         else:
             a = ANALYSERS[d.mode](model, d, w, rates, p, pools[0], joint)
-        if e > 1:  # per step -> per token (the inter-token gaps stay those of steps: tokens arrive in bursts)
-            a = replace(a, tpot_mean_s=a.tpot_mean_s / e, tpot_p_s=a.tpot_p_s / e, tpot_var_s2=a.tpot_var_s2 / e**2)
+        return per_token(a, e)
+
+
+def per_token(a: ModeArrays, tokens_per_step: float) -> ModeArrays:
+    """A mode's arrays with its TPOT per token rather than per step (speculative decoding); the
+    inter-token gaps stay those of steps, since a step's tokens arrive together."""
+    e = tokens_per_step
+    if e == 1:
         return a
+    return replace(a, tpot_mean_s=a.tpot_mean_s / e, tpot_p_s=a.tpot_p_s / e, tpot_var_s2=a.tpot_var_s2 / e**2)
 
 
 def in_steps(w: Workload, tokens_per_step: float) -> Workload:
