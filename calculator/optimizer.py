@@ -506,7 +506,7 @@ def _singles(m: ModelSpec, specs: list[GPUSpec], tps: tuple[int, ...], w: Worklo
         # attention-DP + EP pays when the experts do not fit one GPU (each rank then holds only its share);
         # a mixture-of-experts model that fits one GPU is served best by more whole instances
         fits_one = any(s.gpu == g and s.tp == 1 and s.pm.pool.pp == 1 for s in out)
-        for dp in dps if m.moe is not None and not fits_one else ():
+        for dp in [d for d in dps if d <= m.moe.num_experts] if m.moe is not None and not fits_one else ():
             budget.check()
             pool = Pool(gpu=g, tp=1, dp=dp, ep=dp, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
             pm = PoolModel.build(m, pool, w, gpu)

@@ -95,6 +95,9 @@ class Setup:
                              "dense model takes more instances instead)")
         if self.cp > 1 and self.dp > 1:
             raise InputError("cp", "context parallelism and attention data-parallelism are not combined; choose one")
+        if m.moe is not None and self.ep > m.moe.num_experts:
+            raise InputError("ep", f"{m.id} has {m.moe.num_experts} routed experts: at most {m.moe.num_experts} "
+                                   f"expert-parallel GPUs hold one each, got ep={self.ep}")
         if self.dp > 1 and self.ep != self.dp * self.tp:
             raise InputError("ep", f"with attention data-parallelism the experts are spread over every GPU of the "
                                    f"instance: ep = dp x tp = {self.dp * self.tp}, got ep={self.ep}")

@@ -297,3 +297,11 @@ def test_the_planner_reaches_below_the_tp8_floor_with_context_parallelism():
     # short prompts never try it
     short = pc.plan("llama-3.1-70b", Workload(rate=1.0, isl=2000, osl=500), slo, **kw)
     assert all(x.cp == 1 for c in short.candidates for x in c.deployment.pools)
+
+
+def test_expert_parallelism_stops_at_one_expert_per_gpu():
+    with pytest.raises(pc.InputError, match=r"ep.*8 routed experts"):
+        pc.estimate("mixtral-8x22b", "h100-sxm", tp=1, dp=16, ep=16, weight_dtype="fp8")
+    p = pc.plan("mixtral-8x22b", Workload(rate=4.0, isl=2000, osl=500), pc.SLO(ttft_s=2.0, tpot_s=0.05),
+                gpus=["h100-sxm"], weight_dtype="fp8")
+    assert all(x.ep <= 8 for c in p.candidates for x in c.deployment.pools)
