@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hardware_db.schema import Efficiency, GPUSpec, KVDtype, ModelSpec, WeightDtype
 
 from . import formulas as f
-from .arguments import choice, flag, gpu_spec, integer, model_spec, real
+from .arguments import as_model, choice, flag, gpu_spec, integer, model_spec, real
 from .errors import InputError
 from .kv_cache import kv_bytes_per_gpu, kv_bytes_per_token, kv_cache_bytes
 from .limits import MAX_BATCH, MAX_EXPERT_PARALLEL, MAX_PARALLEL, MAX_TOKENS
@@ -221,10 +221,8 @@ def estimate(
     tp, pp, ep, dp, isl, osl, batch = _check_arguments(tp, pp, ep, dp, isl, osl, batch, weight_dtype, kv_dtype,
                                                        prefix_hit, gpu_memory_utilisation, rows, m)
     real("expert_imbalance", expert_imbalance, 1.0, 16.0)
-    cp = integer("cp", cp, 1, MAX_PARALLEL)
+    cp = integer("cp", cp, 1, MAX_PARALLEL)  # tp, pp, ep, dp above; cp with them in the REST bounds
     if spec is not None:
-        from .arguments import as_model
-
         spec = as_model("spec", spec, Speculation)
     if calibration is not None:
         from .calibration import apply_calibration
@@ -234,13 +232,6 @@ def estimate(
                       expert_imbalance=float(expert_imbalance), cp=cp)
     # attention-DP: the batch is spread over the dp ranks, each with its own sequences and KV
     rank_batch = -(-batch // dp)
-    if spec is not None:
-        from .errors import InputError as _InputError
-
-        try:
-            draft_setup(setup, spec)
-        except _InputError as e:
-            raise _InputError(e.field if e.field.startswith("spec") else f"spec.{e.field}", e.reason) from None
     mem = memory_breakdown(setup, isl, osl, rank_batch, gpu_memory_utilisation, spec=spec)
     per_seq = mem.kv_bytes_per_sequence
     max_b = dp * int(f.max_batch(u=gpu_memory_utilisation, M_hbm=g.hbm_bytes, W_b=mem.weights_bytes,

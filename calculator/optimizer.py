@@ -527,10 +527,7 @@ def _speculative_twins(m: ModelSpec, singles: list[_Single], spec: Speculation, 
     out = []
     for s in singles:
         budget.check()
-        try:
-            pm = PoolModel.build(m, s.pm.pool.model_copy(update={"spec": spec}), w, s.pm.gpu)
-        except InputError as e:
-            raise InputError(e.field if e.field.startswith("spec") else f"spec.{e.field}", e.reason) from None
+        pm = PoolModel.build(m, s.pm.pool.model_copy(update={"spec": spec}), w, s.pm.gpu)
         if pm.fits:
             out.append(_Single(s.gpu, s.tp, s.pp, pm))
     return out

@@ -123,13 +123,9 @@ class Setup:
         object.__setattr__(self, "tp_link_bytes_per_s", group_link_bytes_per_s(g, self.tp))
         # expert dispatch and combine cross the whole expert-parallel group (a NIC beyond one node)
         object.__setattr__(self, "ep_link_bytes_per_s", group_link_bytes_per_s(g, self.dp * self.tp))
-        # ring attention: each GPU sends to its peer in the next rank, over the scale-up links while
-        # the ranks share a node
-        object.__setattr__(self, "cp_link_bytes_per_s", group_link_bytes_per_s(
-            g, 2 if self.cp * self.tp <= g.scaleup_domain_gpus else g.scaleup_domain_gpus + 1))
-        # a stage sends to the next over one pair of GPUs: inside the node when all stages fit in it
-        object.__setattr__(self, "pp_link_bytes_per_s", group_link_bytes_per_s(
-            g, 2 if self.tp * self.pp <= g.scaleup_domain_gpus else g.scaleup_domain_gpus + 1))
+        # ring attention: each GPU sends to its peer in the next rank; a stage sends to the next one
+        object.__setattr__(self, "cp_link_bytes_per_s", pair_link_bytes_per_s(g, self.cp * self.tp))
+        object.__setattr__(self, "pp_link_bytes_per_s", pair_link_bytes_per_s(g, self.tp * self.pp))
 
     # --- parameter bookkeeping (per whole model, before sharding) -----------------------------
     @cached_property
@@ -190,6 +186,12 @@ def group_link_bytes_per_s(gpu: GPUSpec, group_gpus: int) -> float:
         return gpu.scaleout_bytes_per_s
     return float(f.group_link_bandwidth(beta_agg=gpu.scaleup_bytes_per_s, k_grp=max(group_gpus, 2),
                                         n_links=gpu.scaleup_links))
+
+
+def pair_link_bytes_per_s(gpu: GPUSpec, span_gpus: int = 2) -> float:
+    """Bandwidth of one GPU sending to one peer, B/s, among ``span_gpus`` GPUs: a scale-up link (a
+    full mesh's direct link) while they share a scale-up domain, else the NIC."""
+    return group_link_bytes_per_s(gpu, 2 if span_gpus <= gpu.scaleup_domain_gpus else gpu.scaleup_domain_gpus + 1)
 
 
 @lru_cache(maxsize=512)
@@ -341,19 +343,18 @@ def step_groups(
 
     groups.extend(_communication(setup, T))
     if cp > 1:
-        groups.append(_context_parallel_comm(setup, S, P, b, phase, (S_c, b_c) if chunk is not None else None,
-                                             attention))
+        groups.append(_context_parallel_comm(setup, S, b, phase, (S_c, b_c) if chunk is not None else None, attention))
     return groups
 
 
-def _context_parallel_comm(setup: Setup, S, P, b, phase: Phase, chunk, attention: Group) -> Group:
+def _context_parallel_comm(setup: Setup, S, b, phase: Phase, chunk, attention: Group) -> Group:
     """Context parallelism's traffic. Prompt tokens: ring attention passes each rank's new KV to the
     other cp - 1 ranks, one hop a layer each, while attention computes; only what outlasts the
     attention is visible. Decode: every rank sends its partial attention output (and log-sum-exp) for
     the new token to the others, one exchange a layer."""
     m, v = setup.model, setup.values
     cp, L = setup.cp, m.num_layers
-    S, P, b = (np.asarray(x, dtype=float) for x in (S, P, b))
+    S, b = np.asarray(S, dtype=float), np.asarray(b, dtype=float)
     prompt_tokens = b * S if phase == "prefill" else 0.0 * b
     if chunk is not None:
         prompt_tokens = prompt_tokens + np.asarray(chunk[1], dtype=float) * np.asarray(chunk[0], dtype=float)
@@ -363,6 +364,7 @@ def _context_parallel_comm(setup: Setup, S, P, b, phase: Phase, chunk, attention
     exposed = np.maximum(ring - attention.time_s, 0.0)
     decodes = b if phase == "decode" else 0.0 * b
     partial = decodes * (m.num_attention_heads / setup.tp) * (_mla_dims(m, "decode")[1] + 1) * v["b_a"]
+    # an all-to-all among the cp ranks (the formula's group size is its "ep")
     gather = np.asarray(f.alltoall_time({**v, "ep": cp}, n_coll=L, M=partial * cp, beta_link=setup.cp_link_bytes_per_s),
                         dtype=float)
     gather = np.where(decodes > 0, gather, 0.0)

@@ -26,6 +26,7 @@ from hardware_db.loader import load_model
 from hardware_db.schema import ModelSpec
 
 from . import formulas as f
+from .errors import InputError
 from .phases import Group, Setup, step_groups
 
 SpecKind = Literal["mtp", "eagle", "draft"]
@@ -63,8 +64,6 @@ def draft_model_spec(target: ModelSpec, spec: Speculation) -> ModelSpec:
     """The draft network as a model: one layer of the target's kind (mtp), one dense layer (eagle), or
     the named draft model (which must share the target's vocabulary)."""
     if spec.kind == "draft":
-        from .errors import InputError
-
         try:
             d = load_model(spec.draft_model)  # type: ignore[arg-type]
         except InputError as e:
@@ -85,8 +84,11 @@ def draft_setup(setup: Setup, spec: Speculation) -> Setup:
     the target's expert layout."""
     d = draft_model_spec(setup.model, spec)
     moe = d.moe is not None
-    return Setup(d, setup.gpu, tp=setup.tp, pp=1, ep=setup.ep if moe else 1, weight_dtype=setup.weight_dtype,
-                 kv_dtype=setup.kv_dtype, dp=setup.dp if moe else 1, expert_imbalance=setup.expert_imbalance)
+    try:
+        return Setup(d, setup.gpu, tp=setup.tp, pp=1, ep=setup.ep if moe else 1, weight_dtype=setup.weight_dtype,
+                     kv_dtype=setup.kv_dtype, dp=setup.dp if moe else 1, expert_imbalance=setup.expert_imbalance)
+    except InputError as e:  # the draft cannot take the target's layout (a draft model whose heads tp does not split)
+        raise InputError(f"spec.{e.field}", f"the draft: {e.reason}") from None
 
 
 def draft_group(setup: Setup, spec: Speculation, b, context) -> Group:

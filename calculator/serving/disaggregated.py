@@ -24,7 +24,7 @@ from hardware_db.schema import ModelSpec
 
 from .. import formulas as f
 from ..kv_cache import kv_cache_bytes
-from ..phases import group_link_bytes_per_s
+from ..phases import pair_link_bytes_per_s
 from .base import (
     ATTAINMENT_LEVELS,
     BISECTION_STEPS,
@@ -60,7 +60,7 @@ def kv_move_s(model: ModelSpec, kv_bytes: float, pre: PoolModel, dec: PoolModel,
     one collective latency; with layer-wise overlap, only what outlasts the prefill (>= one layer)."""
     links = min(pre.pool.tp * pre.pool.cp, dec.pool.tp * dec.pool.cp)
     if kv_link == "scaleup":  # GPU to GPU: one pair's link (a full mesh's direct link)
-        per_link = min(group_link_bytes_per_s(pre.gpu, 2), group_link_bytes_per_s(dec.gpu, 2))
+        per_link = min(pair_link_bytes_per_s(pre.gpu), pair_link_bytes_per_s(dec.gpu))
     else:
         per_link = min(pre.gpu.scaleout_bytes_per_s, dec.gpu.scaleout_bytes_per_s)
     eff = pre.gpu.efficiency
