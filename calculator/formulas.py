@@ -75,6 +75,8 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "eta_l": ("\\eta_{l}", "link efficiency", "1"),
     "n_k": ("n_{k}", "kernel launches", "kernels"),
     "tau_k": ("\\tau_{k}", "latency per kernel", "s"),
+    "o_seq": ("o_{seq}", "cost per sequence in a step (scheduling, sampling, output processing)", "s"),
+    "n_seq": ("n_{seq}", "sequences in a step (decoding ones and prompt pieces)", "1"),
     "alpha": ("\\alpha", "latency per collective", "s"),
     "n_coll": ("n_{coll}", "collectives", "1"),
     "k_grp": ("k_{g}", "GPUs in a communicating group", "GPUs"),
@@ -578,6 +580,22 @@ roofline_time = Formula(
     args=("F", "Q", "beta_hbm", "eta_c", "eta_m", "n_k", "pi", "tau_k"),
     latex="\\tau_{k} n_{k} + \\max\\left(\\frac{F}{\\eta_{c} \\pi}, \\frac{Q}{\\beta \\eta_{m}}\\right)",
     fn=_roofline_time,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _sequence_overhead_time(n_seq: Any, o_seq: Any) -> Any:
+    return n_seq*o_seq
+
+
+sequence_overhead_time = Formula(
+    name="sequence_overhead_time",
+    section="roofline and communication",
+    unit="s",
+    doc="The per-sequence part of a step's fixed work: every sequence in it (a decode, a prompt or a chunk of one) is scheduled, sampled and its output processed.",
+    args=("n_seq", "o_seq"),
+    latex="n_{seq} o_{seq}",
+    fn=_sequence_overhead_time,
     symbol_table=SYMBOL_TABLE,
 )
 
@@ -1086,6 +1104,7 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     activation_workspace_bytes,
     expected_experts_touched,
     roofline_time,
+    sequence_overhead_time,
     arithmetic_intensity,
     ring_allreduce_time,
     alltoall_time,

@@ -88,6 +88,8 @@ eta_m = _sym("eta_m", "memory efficiency", "1", r"\eta_{m}")
 eta_l = _sym("eta_l", "link efficiency", "1", r"\eta_{l}")
 n_k = _sym("n_k", "kernel launches", "kernels", "n_{k}")
 tau_k = _sym("tau_k", "latency per kernel", "s", r"\tau_{k}")
+o_seq = _sym("o_seq", "cost per sequence in a step (scheduling, sampling, output processing)", "s", r"o_{seq}")
+n_seq = _sym("n_seq", "sequences in a step (decoding ones and prompt pieces)", "1", r"n_{seq}")
 alpha = _sym("alpha", "latency per collective", "s", r"\alpha")
 n_coll = _sym("n_coll", "collectives", "1", "n_{coll}")
 k_grp = _sym("k_grp", "GPUs in a communicating group", "GPUs", "k_{g}")
@@ -308,6 +310,13 @@ roofline_time = _formula(
     sp.Max(F / (pi * eta_c), Q / (beta_hbm * eta_m)) + n_k * tau_k,
     "s",
     "Time of an operator group: the slower of its compute and memory ceilings, plus kernel latencies.",
+)
+sequence_overhead_time = _formula(
+    "sequence_overhead_time",
+    n_seq * o_seq,
+    "s",
+    "The per-sequence part of a step's fixed work: every sequence in it (a decode, a prompt or a chunk of one) "
+    "is scheduled, sampled and its output processed.",
 )
 arithmetic_intensity = _formula("arithmetic_intensity", F / Q, "FLOP/B", "FLOPs per byte moved.")
 ring_allreduce_time = _formula(

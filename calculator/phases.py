@@ -118,6 +118,7 @@ class Setup:
             e_kv=kv_elements_per_token_layer(m, self.tp),
             beta_hbm=g.hbm_bytes_per_s, eta_c=eff.compute, eta_m=eff.memory, eta_l=eff.link,
             tau_k=eff.kernel_latency_us * 1e-6, alpha=eff.collective_latency_us * 1e-6,
+            o_seq=eff.sequence_overhead_us * 1e-6,
         )
         object.__setattr__(self, "values", v)
         object.__setattr__(self, "tp_link_bytes_per_s", group_link_bytes_per_s(g, self.tp))
@@ -236,13 +237,15 @@ class Group:
                      pick(self.compute_s), pick(self.memory_s), pick(self.latency_s), self.communication)
 
 
-def _roofline(name: str, flops, bytes_, peak, kernels, setup: Setup) -> Group:
+def _roofline(name: str, flops, bytes_, peak, kernels, setup: Setup, share: float = 1.0) -> Group:
+    """An operator group's roofline time; ``share`` scales both efficiencies (the attention kernels')."""
     v = setup.values
     flops = np.asarray(flops, dtype=float)
     bytes_ = np.asarray(bytes_, dtype=float)
-    t = np.asarray(f.roofline_time(v, F=flops, Q=bytes_, pi=peak, n_k=kernels), dtype=float)
-    compute_s = flops / (peak * v["eta_c"])
-    memory_s = bytes_ / (v["beta_hbm"] * v["eta_m"])
+    eta_c, eta_m = v["eta_c"] * share, v["eta_m"] * share
+    t = np.asarray(f.roofline_time(v, F=flops, Q=bytes_, pi=peak, n_k=kernels, eta_c=eta_c, eta_m=eta_m), dtype=float)
+    compute_s = flops / (peak * eta_c)
+    memory_s = bytes_ / (v["beta_hbm"] * eta_m)
     latency_s = kernels * v["tau_k"]
     zero = np.zeros_like(t)
     return Group(name, flops, bytes_, t, "roofline_time", compute_s + zero, memory_s + zero, latency_s + zero)
@@ -338,12 +341,18 @@ def step_groups(
     attention = _roofline(
         "attention", attn_flops / cp, attn_bytes / cp, setup.attention_rate_flops_per_s,
         KERNELS_PER_LAYER["attention"] * L * (2 if chunk is not None else 1), setup,
+        setup.gpu.efficiency.attention,
     )
     groups.append(attention)
 
     groups.extend(_communication(setup, T))
     if cp > 1:
         groups.append(_context_parallel_comm(setup, S, b, phase, (S_c, b_c) if chunk is not None else None, attention))
+    if v["o_seq"] > 0:  # only where an engine's per-sequence cost was fitted (the defaults have none)
+        n = b + (b_c * (S_c > 0) if chunk is not None else 0.0)
+        t = np.asarray(f.sequence_overhead_time(v, n_seq=n), dtype=float) + 0.0 * T
+        zero = np.zeros_like(t)
+        groups.append(Group("sequence_overhead", zero, zero, t, "sequence_overhead_time", zero, zero, t))
     return groups
 
 

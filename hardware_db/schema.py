@@ -54,6 +54,13 @@ class Efficiency(_Record):
     link: float = Field(default=0.8, ge=0.01, le=1, description="achieved / peak scale-up and scale-out bandwidth")
     kernel_latency_us: float = Field(default=4.0, ge=0, le=1e6, description="fixed latency per kernel launch, microseconds")
     step_overhead_us: float = Field(default=100.0, ge=0, le=1e7, description="fixed cost per forward step (scheduling, sampling), us")
+    attention: float = Field(default=1.0, ge=0.01, le=1, description="the attention kernels' share of the compute "
+                             "and memory efficiencies (they run at attention x compute and attention x memory; 1: as "
+                             "the GEMMs); fitted by the serving validation where an engine's attention is slower")
+    sequence_overhead_us: float = Field(default=0.0, ge=0, le=1e5, description="cost per sequence in a step (the "
+                                        "scheduler's and sampler's per-request work, output processing), us; 0 in "
+                                        "the bundled defaults, fitted by the serving validation on engines where "
+                                        "it shows")
     collective_latency_us: float = Field(default=8.0, ge=0, le=1e6, description="latency per collective (all-reduce, all-to-all), us")
     fitted_on: str | None = Field(default=None, description="which measurements the values were fitted to")
 

@@ -37,6 +37,8 @@ class Design:
     compute_s: np.ndarray
     memory_s: np.ndarray
     kernels: np.ndarray
+    sequences: np.ndarray | None = None  # sequences in the step (for a per-sequence cost); None: not fitted
+    attention: int | None = None  # the attention group's column (its efficiencies scale by Efficiency.attention)
 
     @staticmethod
     def concat(parts: list[Design]) -> Design:
@@ -45,15 +47,30 @@ class Design:
         def pad(a: np.ndarray) -> np.ndarray:
             return np.pad(a, ((0, 0), (0, width - a.shape[1])))
 
+        seqs = None if any(p.sequences is None for p in parts) else np.concatenate([p.sequences for p in parts])
+        cols = {p.attention for p in parts}
         return Design(np.concatenate([pad(p.compute_s) for p in parts]), np.concatenate([pad(p.memory_s) for p in parts]),
-                      np.concatenate([p.kernels for p in parts]))
+                      np.concatenate([p.kernels for p in parts]), seqs, cols.pop() if len(cols) == 1 else None)
 
     def take(self, index: np.ndarray) -> Design:
-        return Design(self.compute_s[index], self.memory_s[index], self.kernels[index])
+        return Design(self.compute_s[index], self.memory_s[index], self.kernels[index],
+                      None if self.sequences is None else self.sequences[index], self.attention)
+
+    def scaled(self, attention: float) -> Design:
+        """The design with the attention group's ceiling times divided by ``attention`` (its share of the
+        efficiencies), so that ``predict_s`` at the GEMM efficiencies covers it."""
+        if self.attention is None or attention == 1.0:
+            return self
+        c, m = self.compute_s.copy(), self.memory_s.copy()
+        c[:, self.attention] /= attention
+        m[:, self.attention] /= attention
+        return Design(c, m, self.kernels, self.sequences, self.attention)
 
     def predict_s(self, eff: Efficiency) -> np.ndarray:
-        roof = np.maximum(self.compute_s / eff.compute, self.memory_s / eff.memory).sum(axis=1)
-        return roof + self.kernels * eff.kernel_latency_us * 1e-6 + eff.step_overhead_us * 1e-6
+        d = self.scaled(eff.attention)
+        roof = np.maximum(d.compute_s / eff.compute, d.memory_s / eff.memory).sum(axis=1)
+        per_seq = 0.0 if self.sequences is None else self.sequences * eff.sequence_overhead_us * 1e-6
+        return roof + self.kernels * eff.kernel_latency_us * 1e-6 + eff.step_overhead_us * 1e-6 + per_seq
 
 
 def design(m: ModelSpec, device: GPUSpec, phase: str, tokens: np.ndarray, batch: np.ndarray, dtype: str) -> Design:
@@ -72,6 +89,8 @@ def design(m: ModelSpec, device: GPUSpec, phase: str, tokens: np.ndarray, batch:
         np.stack([np.broadcast_to(g.compute_s, shape) for g in groups], axis=1),
         np.stack([np.broadcast_to(g.memory_s, shape) for g in groups], axis=1),
         np.broadcast_to(np.rint(sum(g.latency_s for g in groups) / 1e-6), shape).astype(float),  # kernel count
+        np.broadcast_to(batch, shape).astype(float),  # a prefill of b prompts or b decodes: b sequences
+        next(i for i, g in enumerate(groups) if g.name == "attention"),
     )
 
 
@@ -113,33 +132,80 @@ def _overheads(roof: np.ndarray, kernels: np.ndarray, y: np.ndarray) -> tuple[np
     return best_tau, best_o, best
 
 
+def _nonneg_lstsq(a: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``z`` (cells x points): x >= 0 minimising |a x - z|^2 (``a``: points x k, k small), and that
+    sum. Exact: every subset of free coordinates is solved (the others held at 0) and the best feasible kept."""
+    k = a.shape[1]
+    best_x, best = np.zeros((z.shape[0], k)), (z * z).sum(axis=1)
+    for mask in range(1, 2**k):
+        cols = [j for j in range(k) if mask >> j & 1]
+        sub = a[:, cols]
+        if np.linalg.matrix_rank(sub) < len(cols):
+            continue  # collinear columns (one kernel count for every point): a smaller subset covers it
+        xs = (np.linalg.pinv(sub) @ z.T).T  # cells x |cols|
+        r = xs @ sub.T - z
+        val = (r * r).sum(axis=1)
+        better = np.all(xs >= 0, axis=1) & (val < best)
+        x = np.zeros_like(best_x)
+        x[:, cols] = xs
+        best_x = np.where(better[:, None], x, best_x)
+        best = np.where(better, val, best)
+    return best_x, best
+
+
+ATTENTION_SHARES = np.geomspace(0.02, 1.0, 25)
+
+
 def fit_efficiency(d: Design, measured_s: np.ndarray, cells: int = 48, passes: int = 5,
-                   fitted_on: str | None = None) -> Fit:
+                   fitted_on: str | None = None, per_sequence: bool = False, attention: bool = False) -> Fit:
+    """``_fit_efficiency``; with ``attention`` also the attention kernels' share of the efficiencies
+    (``Efficiency.attention``, on a geometric grid from 0.02 to 1): the best fit over the grid."""
+    if not attention:
+        return _fit_efficiency(d, measured_s, cells, passes, fitted_on, per_sequence)
+    if d.attention is None:
+        raise ValueError("attention: the design has no attention group")
+    fits = [_fit_efficiency(d.scaled(float(a)), measured_s, cells, passes, fitted_on, per_sequence)
+            for a in ATTENTION_SHARES]
+    i = int(np.argmin([f.rms_rel_error for f in fits]))
+    return Fit(fits[i].efficiency.model_copy(update={"attention": float(ATTENTION_SHARES[i])}), fits[i].rms_rel_error)
+
+
+def _fit_efficiency(d: Design, measured_s: np.ndarray, cells: int = 48, passes: int = 5,
+                    fitted_on: str | None = None, per_sequence: bool = False) -> Fit:
     """The (eta_c, eta_m, kernel latency, step overhead) minimising sum (pred/meas - 1)^2; eta in (0, 1].
 
     (eta_c, eta_m): a log grid over [1e-3, 1]^2, refined ``passes - 1`` times around the best cell; for each cell the
-    non-negative (kernel latency, step overhead) are the closed-form least-squares solution.
+    non-negative (kernel latency, step overhead) are the closed-form least-squares solution. With ``per_sequence``
+    a non-negative cost per sequence in the step (``Efficiency.sequence_overhead_us``) is fitted with them.
     """
+    if per_sequence and d.sequences is None:
+        raise ValueError("per_sequence: the design has no sequence counts")
     y = np.asarray(measured_s, dtype=float)
     if y.shape != d.kernels.shape or np.any(y <= 0):
         raise ValueError("measured_s: one positive time per design row")
     lo_c, hi_c, lo_m, hi_m = np.log(1e-3), 0.0, np.log(1e-3), 0.0
-    best = (np.inf, 1.0, 1.0, 0.0, 0.0)
+    best = (np.inf, 1.0, 1.0, 0.0, 0.0, 0.0)
     for _ in range(passes):
         ec, em = np.meshgrid(np.exp(np.linspace(lo_c, hi_c, cells)), np.exp(np.linspace(lo_m, hi_m, cells)), indexing="ij")
         ec, em = ec.ravel(), em.ravel()
         roof = np.maximum(d.compute_s[None] / ec[:, None, None], d.memory_s[None] / em[:, None, None]).sum(axis=2)
-        tau, o, val = _overheads(roof, d.kernels, y)
+        if per_sequence:
+            x, val = _nonneg_lstsq(np.stack([d.kernels / y, 1.0 / y, d.sequences / y], axis=1),  # type: ignore[operator]
+                                   1.0 - roof / y)
+            tau, o, seq = x[:, 0], x[:, 1], x[:, 2]
+        else:
+            tau, o, val = _overheads(roof, d.kernels, y)
+            seq = np.zeros_like(tau)
         k = int(np.argmin(val))
         if val[k] < best[0]:
-            best = (float(val[k]), float(ec[k]), float(em[k]), float(tau[k]), float(o[k]))
+            best = (float(val[k]), float(ec[k]), float(em[k]), float(tau[k]), float(o[k]), float(seq[k]))
         step_c, step_m = (hi_c - lo_c) / (cells - 1), (hi_m - lo_m) / (cells - 1)
         lc, lm = np.log(best[1]), np.log(best[2])
         lo_c, hi_c = lc - 2 * step_c, min(lc + 2 * step_c, 0.0)
         lo_m, hi_m = lm - 2 * step_m, min(lm + 2 * step_m, 0.0)
-    _, eta_c, eta_m, tau_s, o_s = best
+    _, eta_c, eta_m, tau_s, o_s, seq_s = best
     eff = Efficiency(compute=min(eta_c, 1.0), memory=min(eta_m, 1.0), kernel_latency_us=tau_s * 1e6,
-                     step_overhead_us=o_s * 1e6, fitted_on=fitted_on)
+                     step_overhead_us=o_s * 1e6, sequence_overhead_us=seq_s * 1e6, fitted_on=fitted_on)
     rel = d.predict_s(eff) / y - 1.0
     return Fit(eff, float(np.sqrt(np.mean(rel * rel))))
 

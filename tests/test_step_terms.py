@@ -1,0 +1,80 @@
+"""The step model's two engine terms (fitted by the serving validation, off in the defaults): a cost
+per sequence in a step and the attention kernels' share of the efficiencies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import calculator as pc
+from calculator.microbench.fit import design, fit_efficiency
+from calculator.phases import Setup, step_groups, step_time_s
+from hardware_db.schema import Efficiency
+
+
+def _setup(**eff: float) -> Setup:
+    gpu = pc.load_gpu("h100-sxm")
+    gpu = gpu.model_copy(update={"efficiency": gpu.efficiency.model_copy(update=eff)})
+    return Setup(pc.load_model("llama-3.1-8b"), gpu)
+
+
+def test_defaults_are_off() -> None:
+    e = Efficiency()
+    assert e.sequence_overhead_us == 0.0 and e.attention == 1.0
+    names = [g.name for g in step_groups(_setup(), S=1, P=1000, b=32, phase="decode")]
+    assert "sequence_overhead" not in names
+
+
+def test_sequence_overhead_is_per_sequence_in_the_step() -> None:
+    base, extra = _setup(), _setup(sequence_overhead_us=50.0)
+    # 32 decodes: 32 x 50 us = 1.6 ms more
+    d0 = float(step_time_s(step_groups(base, S=1, P=1000, b=32, phase="decode"), base))
+    d1 = float(step_time_s(step_groups(extra, S=1, P=1000, b=32, phase="decode"), extra))
+    assert d1 - d0 == pytest.approx(1.6e-3, rel=1e-9)
+    # a hybrid step: 32 decodes and 3 prompt pieces = 35 sequences; a plain decode step's empty chunk adds none
+    h0 = float(step_time_s(step_groups(base, S=1, P=1000, b=32, phase="decode", chunk=(256, 0, 3)), base))
+    h1 = float(step_time_s(step_groups(extra, S=1, P=1000, b=32, phase="decode", chunk=(256, 0, 3)), extra))
+    assert h1 - h0 == pytest.approx(35 * 50e-6, rel=1e-9)
+    e0 = float(step_time_s(step_groups(extra, S=1, P=1000, b=32, phase="decode", chunk=(0, 0)), extra))
+    assert e0 - float(step_time_s(step_groups(base, S=1, P=1000, b=32, phase="decode", chunk=(0, 0)), base)) \
+        == pytest.approx(1.6e-3, rel=1e-9)
+    # a prefill of 2 prompts: 2 sequences
+    p0 = float(step_time_s(step_groups(base, S=512, P=0, b=2, phase="prefill"), base))
+    p1 = float(step_time_s(step_groups(extra, S=512, P=0, b=2, phase="prefill"), extra))
+    assert p1 - p0 == pytest.approx(100e-6, rel=1e-9)
+
+
+def test_attention_share_slows_the_attention_group_only() -> None:
+    full, half = _setup(), _setup(attention=0.5)
+    g_full = {g.name: g for g in step_groups(full, S=1, P=8000, b=64, phase="decode")}
+    g_half = {g.name: g for g in step_groups(half, S=1, P=8000, b=64, phase="decode")}
+    for name, g in g_full.items():
+        if name == "attention":
+            # both ceilings at half the efficiency: the roofline part doubles, the kernel latencies stay
+            assert g_half[name].memory_s == pytest.approx(2 * g.memory_s)
+            assert g_half[name].time_s - g_half[name].latency_s == pytest.approx(2 * (g.time_s - g.latency_s))
+        else:
+            assert g_half[name].time_s == pytest.approx(g.time_s)
+
+
+def test_the_fit_recovers_both_terms() -> None:
+    # synthetic steps of the enginebench model on a made-up CPU: prefill 64-1024 tokens, decode at two contexts
+    from calculator.enginebench.model import ENGINE_MODEL
+
+    gpu = pc.load_gpu("h100-sxm").model_copy(update={"peak_tflops": pc.load_gpu("h100-sxm").peak_tflops.model_copy(
+        update={"bf16": 0.4}), "hbm_bandwidth_tb_s": 0.03})
+    true = Efficiency(compute=0.8, memory=0.9, kernel_latency_us=20.0, step_overhead_us=500.0,
+                      sequence_overhead_us=80.0, attention=0.25)
+    parts = [design(ENGINE_MODEL, gpu, "prefill", np.array([64, 128, 256, 512, 1024]), np.ones(5), "bf16"),
+             design(ENGINE_MODEL, gpu, "decode", np.array([80] * 5 + [576] * 3), np.array([1, 4, 16, 32, 64, 1, 8, 32]),
+                    "bf16")]
+    from calculator.microbench.fit import Design
+
+    d = Design.concat(parts)
+    y = d.predict_s(true)
+    fit = fit_efficiency(d, y, per_sequence=True, attention=True)
+    assert fit.rms_rel_error < 0.02
+    assert fit.efficiency.sequence_overhead_us == pytest.approx(80.0, rel=0.15)
+    assert fit.efficiency.attention == pytest.approx(0.25, rel=0.25)
+    # and without the two terms the same points are fitted much worse
+    assert fit_efficiency(d, y).rms_rel_error > 3 * fit.rms_rel_error
