@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 from typing import Literal
 
@@ -125,6 +125,11 @@ class Deployment(BaseModel):
     kv_link: Literal["scaleout", "scaleup"] = Field(
         default="scaleout", description="disaggregated: NIC between nodes, or the scale-up link inside one node")
     layerwise_kv_overlap: bool = Field(default=False, description="disaggregated: send each layer's KV as it is computed")
+    kv_transfer: Literal["overlapped", "blocking"] = Field(
+        default="overlapped", description="disaggregated: 'overlapped' (the prefill instance goes on to the next "
+        "prompt while the KV moves: RDMA connectors such as NIXL or Mooncake) or 'blocking' (it is held until the "
+        "request's KV is saved: a synchronous connector, e.g. vLLM's ExampleConnector writing to disk; the move "
+        "is then prefill work, and counts once in TTFT)")
 
     @model_validator(mode="after")
     def _pools(self) -> Deployment:
@@ -192,6 +197,7 @@ class PoolModel:
     fits: bool
     reason: str | None
     isl_mean: float = 0.0  # the workload's mean prompt: speculation maps step-domain contexts to tokens around it
+    prompt_hold_s: float = 0.0  # a prefill instance held this long per prompt after its step (a blocking KV save)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -260,11 +266,23 @@ class PoolModel:
         return self.kv_budget_bytes / float(self.kv_seq_bytes(1.0))
 
     def prefill_s(self, new_tokens, cached_tokens=0.0, prompts=1.0) -> np.ndarray:
-        """One step that prefills ``prompts`` prompts of ``new_tokens`` (after ``cached_tokens``) each."""
+        """One step that prefills ``prompts`` prompts of ``new_tokens`` (after ``cached_tokens``) each,
+        plus ``prompt_hold_s`` per prompt where the instance is held for a blocking KV save."""
+        hold = np.asarray(prompts, dtype=float) * self.prompt_hold_s
         if np.all(np.asarray(prompts) == 1):
             return step_time_s(step_groups(self.setup, S=new_tokens, P=cached_tokens, b=1, phase="prefill"),
-                               self.setup)
-        return self.step_s(0, 1, new_tokens, cached_tokens, prompts)
+                               self.setup) + hold
+        return self.step_s(0, 1, new_tokens, cached_tokens, prompts) + hold
+
+    def held(self, hold_s: float) -> PoolModel:
+        """This prefill instance held ``hold_s`` per prompt after its step (``Deployment.kv_transfer =
+        "blocking"``), with step tables of its own (cached on this one)."""
+        if hold_s == self.prompt_hold_s:
+            return self
+        key = ("held", float(hold_s))
+        if key not in self._cache:
+            self._cache[key] = replace(self, prompt_hold_s=float(hold_s), _cache={})
+        return self._cache[key]
 
     def step_s(self, decodes, context, chunk_tokens, chunk_prefix, chunks=1.0) -> np.ndarray:
         """One engine step: ``decodes`` running sequences at a mean ``context`` plus ``chunks`` prompt

@@ -274,6 +274,9 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
     lam = np.asarray(total_rate, dtype=float)
     one = PrefillService.of(pre, w, p)
     t_kv = kv_transfer_s(model, d, w, pre, dec, one.mean_s)
+    t_visible = t_kv  # the move's share of TTFT outside the prefill
+    if d.kv_transfer == "blocking":  # the prefill instance is held for the move: it is prefill work
+        pre, t_visible = pre.held(t_kv), 0.0
     c = d.prefill.engines
     levels = np.array([p, *ATTAINMENT_LEVELS]) if joint else np.array([p])
     prefill_mean, prefill_q, rho_prefill = prefill_time(pre, w, lam, c, d.max_batched_tokens, levels)
@@ -286,10 +289,10 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
         """The q-quantile of TTFT: the prefill, the KV move, a decode slot, and the decode
         instance's next step."""
         ap_q = ap if q == p else slots.quantile_s(q)
-        return prefill_q[..., i] + t_kv + ap_q + q * t_d
+        return prefill_q[..., i] + t_visible + ap_q + q * t_d
 
     ttft_p = ttft_at(0, p)
-    ttft_mean = prefill_mean + t_kv + aq + t_d / 2
+    ttft_mean = prefill_mean + t_visible + aq + t_d / 2
     levels = np.stack([ttft_at(i + 1, float(q)) for i, q in enumerate(ATTAINMENT_LEVELS)]) if joint else None
     itl_p = t_d + z_score(p) * np.sqrt(b_cap) * slope
 

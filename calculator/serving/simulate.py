@@ -402,13 +402,17 @@ def run_deployment(model: ModelSpec, d: Deployment, w: Workload, pools: Sequence
     pre, dec = pools
     n_dec = dec.pool.engines
     r = Requests.draw(w, w.rate, requests * n_dec, seed)
-    end, duration = run_prefill_pool(pre, pre.pool.engines, r.arrivals, r.isl - r.cached, r.cached,
-                                     d.max_batched_tokens)
     assert d.decode is not None
     lengths = np.unique(r.isl)
     whole = np.array([kv_move_s(model, float(kv_cache_bytes(model, v, d.decode.kv_dtype, tp=d.decode.tp)), pre, dec, d.kv_link,
                                 False, 0.0) for v in lengths])[np.searchsorted(lengths, r.isl)]
-    if d.layerwise_kv_overlap:  # only what outlasts the prefill is visible (at least one layer's share)
+    if d.kv_transfer == "blocking":  # the prefill instance is held for each prompt's move (the mean prompt's)
+        mean_move = kv_move_s(model, float(kv_cache_bytes(model, w.isl.mean, d.decode.kv_dtype, tp=d.decode.tp)),
+                              pre, dec, d.kv_link, False, 0.0)
+        pre, whole = pre.held(mean_move), np.zeros_like(whole)
+    end, duration = run_prefill_pool(pre, pre.pool.engines, r.arrivals, r.isl - r.cached, r.cached,
+                                     d.max_batched_tokens)
+    if d.layerwise_kv_overlap and d.kv_transfer != "blocking":  # only what outlasts the prefill is visible
         L = model.num_layers
         whole = np.maximum(whole / L, whole - duration * (L - 1) / L)
     ready = end + whole
