@@ -54,11 +54,13 @@ def fit_device(device: GPUSpec, points: list[StepPoint]) -> tuple[GPUSpec, float
 
 def deployment(cfg: EngineConfig, gpu_id: str) -> Deployment:
     """The pdplan deployment the engine configuration is: vLLM V1's hybrid scheduler (running decodes and
-    new prompts share a step, up to the token budget), Sarathi chunks, or one prefill and one decode instance."""
+    new prompts share a step, up to the token budget), Sarathi chunks, or one prefill and one decode instance
+    whose connector holds the prefill instance while it saves a request's KV."""
     pool = Pool(gpu=gpu_id, max_batch=MAX_NUM_SEQS)
     if cfg.disaggregated:
+        # vLLM's ExampleConnector saves each layer's KV to disk inside the prefill step and waits for it
         return Deployment(mode="disaggregated", prefill=pool, decode=pool, kv_link="scaleout",
-                          max_batched_tokens=cfg.budget_tokens)
+                          kv_transfer="blocking", max_batched_tokens=cfg.budget_tokens)
     if cfg.chunk_tokens is not None:
         return Deployment(mode="chunked", pool=pool, chunk_tokens=cfg.chunk_tokens)
     return Deployment(mode="mixed", scheduler="hybrid", pool=pool, max_batched_tokens=cfg.budget_tokens)

@@ -22,8 +22,10 @@ the client was running (they alone keep ~2 runnable)."""
 
 
 def widening(report: ServingReport) -> float:
-    """The factor on the accuracy bounds: 2 when the machine was busy (load average above ``QUIET_LOAD``)."""
-    return 2.0 if max((p.load_average for p in report.points), default=0.0) > QUIET_LOAD else 1.0
+    """The factor on the accuracy bounds: 2 when the machine was busy, the load average above ``QUIET_LOAD``
+    (1P1D runs two engines and two API servers: 1.5 more)."""
+    busy = any(p.load_average > QUIET_LOAD + (1.5 if CONFIGS[p.config].disaggregated else 0.0) for p in report.points)
+    return 2.0 if busy else 1.0
 
 
 def rel_error(predicted: float | None, measured: float | None) -> float | None:
@@ -163,7 +165,10 @@ def markdown(report: ServingReport) -> str:
         f"{eff.attention:.2f} of the GEMM efficiencies (rms error {c.fit_rms_rel_error:.1%}). Front end per request "
         f"(client TTFT − the engine's queue + prefill time): {c.front_end_request_s * 1e3:.2f} ms."
         + (f" 1P1D unloaded TTFT {c.disaggregated_unloaded_ttft_s * 1e3:.1f} ms, of which the KV connector's move "
-           f"{c.transfer_s * 1e3:.1f} ms." if c.transfer_s is not None and c.disaggregated_unloaded_ttft_s else ""),
+           f"{c.transfer_s * 1e3:.1f} ms: {(c.save_s or 0) * 1e3:.1f} ms saving on the prefill instance (pdplan: a "
+           f"blocking transfer, prefill work) and {c.load_s * 1e3:.1f} ms loading on the decode instance (a delay "
+           f"in TTFT, added like the front ends)." if c.transfer_s is not None and c.disaggregated_unloaded_ttft_s
+           else ""),
         "",
         "| step | tokens | batch | measured ms |",
         "|---|---|---|---|",

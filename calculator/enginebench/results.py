@@ -35,11 +35,20 @@ class Calibration(_Record):
                                        "(HTTP, tokenising, detokenising: the API server's share of a request)")
     transfer_s: float | None = Field(description="1P1D: the KV connector's move of one prompt (save on the prefill "
                                      "instance, load on the decode instance), unloaded")
+    save_s: float | None = Field(default=None, description="1P1D: the part of the move that holds the prefill "
+                                 "instance (its engine's CPU time on a lone request minus the fitted prefill): the "
+                                 "connector's save, the blocking KV transfer pdplan charges to the prefill pool")
     disaggregated_unloaded_ttft_s: float | None
 
+    @property
+    def load_s(self) -> float:
+        """1P1D: the rest of the move (the decode instance loads the KV): a delay in TTFT only."""
+        return max((self.transfer_s or 0.0) - (self.save_s or 0.0), 0.0)
+
     def front_end_s(self, cfg: EngineConfig) -> float:
-        """Front-end time in a request's TTFT: one API server, or two for 1P1D (prefill and decode requests)."""
-        return self.front_end_request_s * (2 if cfg.disaggregated else 1)
+        """What a request's TTFT holds besides pdplan's prediction: one API server's share, or for 1P1D two
+        (prefill and decode requests) and the decode instance's load of the KV."""
+        return self.front_end_request_s + (self.front_end_request_s + self.load_s if cfg.disaggregated else 0.0)
 
 
 def _pct(values: list[float], q: float) -> float | None:

@@ -103,7 +103,7 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
                     asyncio.run(_lone(ports, cfg, ISL, rng))
                 dev = device
                 if cfg.disaggregated:
-                    calib, dev = _transfer(ports, cfg, calib, device, rng)
+                    calib, dev = _transfer(servers, cfg, calib, device, rng)
                 cap = capacity_rps(cfg, dev, ISL, OSL)
                 curves.append(_curve(name, cfg, dev, cap, calib.front_end_s(cfg)))
                 for frac in fractions:
@@ -297,15 +297,25 @@ def _calibrate(port: int, cfg: EngineConfig, ceilings, quick: bool):  # type: ig
     return calib, device
 
 
-def _transfer(ports: list[int], cfg: EngineConfig, calib: Calibration, device, rng):  # type: ignore[no-untyped-def]
-    """The unloaded 1P1D TTFT, and the KV move it implies: that TTFT minus two front ends (prefill and
-    decode requests), the fitted prefill and one decode step."""
+def _transfer(servers: _servers, cfg: EngineConfig, calib: Calibration, device, rng):  # type: ignore[no-untyped-def]
+    """The unloaded 1P1D TTFT and the KV move it implies (that TTFT minus two front ends, the fitted
+    prefill and one decode step), split where it acts: the save, which holds the prefill instance (the
+    CPU time its engine spends on a lone request minus the fitted prefill: the engine's own prefill
+    timer stops before the connector's save), and the rest, the decode instance's load, a delay in
+    TTFT only."""
+    ports = [srv.port for srv in servers.servers]
     asyncio.run(_lone(ports, cfg, ISL, rng, outputs=2))  # warm-up
-    ttft = statistics.median(asyncio.run(_lone(ports, cfg, ISL, rng, outputs=2)).ttft_s for _ in range(5))
-    move = ttft - 2 * calib.front_end_request_s - prefill_s(device, ISL) - decode_step_s(device, ISL + 1)
-    move = max(move, 1e-4)
-    calib = calib.model_copy(update={"transfer_s": move, "disaggregated_unloaded_ttft_s": ttft})
-    return calib, with_link(device, ISL, move)
+    ttfts, held = [], []
+    for _ in range(5):
+        before = servers.servers[0].engine_cpu_s()
+        ttfts.append(asyncio.run(_lone(ports, cfg, ISL, rng, outputs=2)).ttft_s)
+        held.append(servers.servers[0].engine_cpu_s() - before)
+    ttft = statistics.median(ttfts)
+    compute = prefill_s(device, ISL)
+    move = max(ttft - 2 * calib.front_end_request_s - compute - decode_step_s(device, ISL + 1), 1e-4)
+    save = min(max(statistics.median(held) - compute, 1e-4), move)
+    calib = calib.model_copy(update={"transfer_s": move, "save_s": save, "disaggregated_unloaded_ttft_s": ttft})
+    return calib, with_link(device, ISL, save)
 
 
 def _curve(name: str, cfg: EngineConfig, device, cap: float, front_end_s: float) -> Curve:  # type: ignore[no-untyped-def]
