@@ -171,6 +171,7 @@ def test_configurations_map_to_the_deployments_the_engine_runs() -> None:
     assert predict.deployment(engine.CONFIGS["chunk64"], "cpu-local").chunk_tokens == 64
     dis = predict.deployment(engine.CONFIGS["1p1d"], "cpu-local")
     assert dis.mode == "disaggregated" and dis.kv_link == "scaleout" and dis.num_gpus == 2
+    assert dis.kv_transfer == "blocking"  # the disk connector saves inside the prefill step
 
 
 FAKE_ENGINE = """
