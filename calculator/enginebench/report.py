@@ -177,7 +177,7 @@ def markdown(report: ServingReport) -> str:
     lines += ["", "## Load points", "",
               "Errors are predicted / measured − 1. Predicted TTFT includes the measured front end.", "",
               "| config | rate req/s | of capacity | load avg | " + " | ".join(f"{n} pred / meas (err)" for _, n, _, _ in METRICS)
-              + " | ITL p99 pred / meas | throughput req/s | failed |",
+              + " | ITL p90 pred / meas (err) | ITL p99 meas | throughput req/s | failed |",
               "|" + "---|" * (8 + len(METRICS))]
     for p in report.points:
         cells = []
@@ -185,7 +185,8 @@ def markdown(report: ServingReport) -> str:
             pr, me = getattr(p.predicted, key), getattr(p.measured, key)
             cells.append(f"{_fmt(pr, scale)} / {_fmt(me, scale)} ms ({_err(rel_error(pr, me))})")
         lines.append(f"| {p.config_name} | {p.rate_rps:.2f} | {p.fraction_of_capacity:.2f} | {p.load_average:.2f} | "
-                     + " | ".join(cells) + f" | {_fmt(p.predicted.itl_p90_s)} (p90) / {_fmt(p.measured.itl_p99_s)} ms | "
+                     + " | ".join(cells) + f" | {_fmt(p.predicted.itl_p90_s)} / {_fmt(p.measured.itl_p90_s)} ms "
+                     f"({_err(rel_error(p.predicted.itl_p90_s, p.measured.itl_p90_s))}) | {_fmt(p.measured.itl_p99_s)} ms | "
                      f"{_fmt(p.measured.throughput_rps, 1)} | {p.measured.failed} |")
     lines += ["", "## What the engine did", "",
               ("From the engine's own counters over each load point: its core's busy share (engine-core CPU time / "
