@@ -52,7 +52,11 @@ def write_model(out_dir: Path, spec: ModelSpec = ENGINE_MODEL, seed: int = 0) ->
     )
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(out_dir)
+    transformers.utils.logging.disable_progress_bar()  # the CLI draws its own; keep stderr to it
+    try:
+        model.save_pretrained(out_dir)
+    finally:
+        transformers.utils.logging.enable_progress_bar()
     (out_dir / "pdplan_model.json").write_text(json.dumps(spec.model_dump(mode="json"), indent=1) + "\n",
                                                encoding="utf-8")
     return out_dir
