@@ -61,14 +61,18 @@ def test_every_request_completes(quick) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_the_calibration_is_physical(quick) -> None:  # type: ignore[no-untyped-def]
-    c = quick.calibration
-    assert c.fit_rms_rel_error < 0.3
-    assert 0.0 < c.front_end_request_s < 0.05
-    eff = c.efficiency
-    assert 0.05 < eff.compute <= 1.0 and 0.05 < eff.memory <= 1.0
-    # the unloaded steps rise with tokens and with batch
-    pre = [s.seconds for s in c.steps if s.phase == "prefill"]
-    assert pre == sorted(pre)
+    assert [c.config for c in quick.calibrations] == ["chunk256", "chunk64"]  # each instance measured
+    for c in quick.calibrations:
+        assert c.fit_rms_rel_error < 0.3
+        assert 0.0 < c.front_end_request_s < 0.05
+        eff = c.efficiency
+        assert 0.05 < eff.compute <= 1.0 and 0.05 < eff.memory <= 1.0
+        # the longest lone prompt costs more than the shortest (at 32 vs 64 tokens the fixed cost dominates
+        # and the two can swap), and a full decode batch more than one sequence
+        pre = [s.seconds for s in c.steps if s.phase == "prefill"]
+        assert pre[-1] > pre[0]
+        short = [s.seconds for s in c.steps if s.phase == "decode" and s.tokens < 200]
+        assert short[-1] > short[0]
 
 
 def test_orderings_that_hold_whatever_the_noise(quick) -> None:  # type: ignore[no-untyped-def]

@@ -131,9 +131,30 @@ def _summary(report: ServingReport) -> list[str]:
     return lines
 
 
+def _calibration_lines(c) -> list[str]:  # type: ignore[no-untyped-def]
+    eff = c.efficiency
+    return [
+        "",
+        f"### {CONFIGS[c.config].name if c.config in CONFIGS else 'engine'}",
+        "",
+        (f"Fitted: η_c {eff.compute:.3f}, η_m {eff.memory:.3f}, kernel latency {eff.kernel_latency_us:.1f} µs, "
+         f"step overhead {eff.step_overhead_us:.0f} µs, per sequence {eff.sequence_overhead_us:.0f} µs, attention at "
+         f"{eff.attention:.2f} of the GEMM efficiencies (rms error {c.fit_rms_rel_error:.1%}). Front end per request "
+         f"(client TTFT − the engine's queue + prefill time): {c.front_end_request_s * 1e3:.2f} ms.")
+        + (f" 1P1D unloaded TTFT {c.disaggregated_unloaded_ttft_s * 1e3:.1f} ms, of which the KV connector's move "
+           f"{c.transfer_s * 1e3:.1f} ms: {(c.save_s or 0) * 1e3:.1f} ms saving on the prefill instance (pdplan: a "
+           f"blocking transfer, prefill work) and {c.load_s * 1e3:.1f} ms loading on the decode instance (a delay "
+           f"in TTFT, added like the front ends)." if c.transfer_s is not None and c.disaggregated_unloaded_ttft_s
+           else ""),
+        "",
+        "| step | tokens | batch | measured ms |",
+        "|---|---|---|---|",
+        *(f"| {s.phase} | {s.tokens} | {s.batch} | {s.seconds * 1e3:.2f} |" for s in c.steps),
+    ]
+
+
 def markdown(report: ServingReport) -> str:
     c = report.calibration
-    eff = c.efficiency
     loads = [p.load_average for p in report.points]
     lines = [
         f"# Serving model against {report.engine} {report.engine_version}",
@@ -159,21 +180,12 @@ def markdown(report: ServingReport) -> str:
         "",
         "## Calibration (unloaded, same run)",
         "",
-        f"CPU ceilings on one thread: {report.matmul_gflops:.0f} GFLOP/s bf16 matmul, {report.copy_gb_s:.1f} GB/s "
-        f"copy. Fitted: η_c {eff.compute:.3f}, η_m {eff.memory:.3f}, kernel latency {eff.kernel_latency_us:.1f} µs, "
-        f"step overhead {eff.step_overhead_us:.0f} µs, per sequence {eff.sequence_overhead_us:.0f} µs, attention at "
-        f"{eff.attention:.2f} of the GEMM efficiencies (rms error {c.fit_rms_rel_error:.1%}). Front end per request "
-        f"(client TTFT − the engine's queue + prefill time): {c.front_end_request_s * 1e3:.2f} ms."
-        + (f" 1P1D unloaded TTFT {c.disaggregated_unloaded_ttft_s * 1e3:.1f} ms, of which the KV connector's move "
-           f"{c.transfer_s * 1e3:.1f} ms: {(c.save_s or 0) * 1e3:.1f} ms saving on the prefill instance (pdplan: a "
-           f"blocking transfer, prefill work) and {c.load_s * 1e3:.1f} ms loading on the decode instance (a delay "
-           f"in TTFT, added like the front ends)." if c.transfer_s is not None and c.disaggregated_unloaded_ttft_s
-           else ""),
-        "",
-        "| step | tokens | batch | measured ms |",
-        "|---|---|---|---|",
+        (f"CPU ceilings on one thread: {report.matmul_gflops:.0f} GFLOP/s bf16 matmul, {report.copy_gb_s:.1f} GB/s "
+         "copy. Each co-located engine instance is measured after it starts (two starts of the same engine "
+         "differ by up to ~30% here); 1P1D uses the last one."),
     ]
-    lines += [f"| {s.phase} | {s.tokens} | {s.batch} | {s.seconds * 1e3:.2f} |" for s in c.steps]
+    for cal in report.calibrations or (c,):
+        lines += _calibration_lines(cal)
     lines += ["", "## Load points", "",
               "Errors are predicted / measured − 1. Predicted TTFT includes the measured front end.", "",
               "| config | rate req/s | of capacity | load avg | " + " | ".join(f"{n} pred / meas (err)" for _, n, _, _ in METRICS)

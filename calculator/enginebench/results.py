@@ -28,6 +28,7 @@ class StepTime(_Record):
 class Calibration(_Record):
     """What was measured unloaded and fitted: the only inputs of the predictions besides the workload."""
 
+    config: str = Field(default="", description="the configuration whose engine instance was measured")
     steps: tuple[StepTime, ...]
     efficiency: Efficiency
     fit_rms_rel_error: float
@@ -153,7 +154,8 @@ class ServingReport(_Record):
     isl: int
     osl: int
     requests_per_point: int
-    calibration: Calibration
+    calibration: Calibration = Field(description="the last co-located instance's (1P1D uses it)")
+    calibrations: tuple[Calibration, ...] = Field(default=(), description="every co-located instance's, in order")
     points: tuple[LoadPoint, ...]
     curves: tuple[Curve, ...] = ()
     wall_s: float

