@@ -228,6 +228,13 @@ class Group:
         c, m, lat = self.compute_s, self.memory_s, self.latency_s
         return np.where(lat > np.maximum(c, m), "latency", np.where(c >= m, "compute", "memory"))
 
+    def plus(self, other: Group) -> Group:
+        """This group and ``other`` (two kernels of one operator run one after the other): work, traffic,
+        times and ceilings add."""
+        return Group(self.name, self.flops + other.flops, self.bytes + other.bytes, self.time_s + other.time_s,
+                     self.formula, self.compute_s + other.compute_s, self.memory_s + other.memory_s,
+                     self.latency_s + other.latency_s, self.communication)
+
     def at(self, i: int) -> Group:
         """The group of the ``i``-th step of a 1-d sweep."""
         def pick(a: np.ndarray) -> np.ndarray:
@@ -238,7 +245,7 @@ class Group:
 
 
 def _roofline(name: str, flops, bytes_, peak, kernels, setup: Setup, share: float = 1.0) -> Group:
-    """An operator group's roofline time; ``share`` scales both efficiencies (the attention kernels')."""
+    """An operator group's roofline time; ``share`` scales both efficiencies (the decode attention kernel's)."""
     v = setup.values
     flops = np.asarray(flops, dtype=float)
     bytes_ = np.asarray(bytes_, dtype=float)
@@ -334,15 +341,23 @@ def step_groups(
     ))
 
     # attention core (QK^T, softmax, PV) over the cached and new tokens; with cp each rank does 1/cp
+    # The decode attention kernel (one query token per sequence over its paged KV) runs at its own share
+    # of the efficiencies; prompt and chunk attention at the GEMMs'. A hybrid step runs both kernels: with
+    # the default share 1 they are one roofline over the step's attention work, otherwise two.
     attn_flops, attn_bytes = _attention_work(setup, S, P, b, phase)
+    share = setup.gpu.efficiency.decode_attention if phase == "decode" else 1.0
+    kernels = KERNELS_PER_LAYER["attention"] * L
+    rate = setup.attention_rate_flops_per_s
     if chunk is not None:
         chunk_flops, chunk_bytes = _attention_work(setup, S_c, P_c, b_c + 0 * S_c, "prefill")
-        attn_flops, attn_bytes = attn_flops + chunk_flops, attn_bytes + chunk_bytes
-    attention = _roofline(
-        "attention", attn_flops / cp, attn_bytes / cp, setup.attention_rate_flops_per_s,
-        KERNELS_PER_LAYER["attention"] * L * (2 if chunk is not None else 1), setup,
-        setup.gpu.efficiency.attention,
-    )
+        if share == 1.0:
+            attention = _roofline("attention", (attn_flops + chunk_flops) / cp, (attn_bytes + chunk_bytes) / cp,
+                                  rate, 2 * kernels, setup)
+        else:
+            attention = _roofline("attention", attn_flops / cp, attn_bytes / cp, rate, kernels, setup, share).plus(
+                _roofline("attention", chunk_flops / cp, chunk_bytes / cp, rate, kernels, setup))
+    else:
+        attention = _roofline("attention", attn_flops / cp, attn_bytes / cp, rate, kernels, setup, share)
     groups.append(attention)
 
     groups.extend(_communication(setup, T))

@@ -54,9 +54,12 @@ class Efficiency(_Record):
     link: float = Field(default=0.8, ge=0.01, le=1, description="achieved / peak scale-up and scale-out bandwidth")
     kernel_latency_us: float = Field(default=4.0, ge=0, le=1e6, description="fixed latency per kernel launch, microseconds")
     step_overhead_us: float = Field(default=100.0, ge=0, le=1e7, description="fixed cost per forward step (scheduling, sampling), us")
-    attention: float = Field(default=1.0, ge=0.01, le=1, description="the attention kernels' share of the compute "
-                             "and memory efficiencies (they run at attention x compute and attention x memory; 1: as "
-                             "the GEMMs); fitted by the serving validation where an engine's attention is slower")
+    decode_attention: float = Field(
+        default=1.0, ge=0.01, le=1, description="the decode attention kernel's share of the compute and memory "
+        "efficiencies (one new token per sequence reading its cached KV, a paged-attention kernel: it runs at "
+        "decode_attention x compute and x memory; 1: as the GEMMs). Prompt and chunk attention (a flash-attention "
+        "kernel over many query tokens) runs at the GEMM efficiencies. Fitted by the serving validation where an "
+        "engine's decode attention is slower")
     sequence_overhead_us: float = Field(default=0.0, ge=0, le=1e5, description="cost per sequence in a step (the "
                                         "scheduler's and sampler's per-request work, output processing), us; 0 in "
                                         "the bundled defaults, fitted by the serving validation on engines where "

@@ -1,5 +1,5 @@
 """The step model's two engine terms (fitted by the serving validation, off in the defaults): a cost
-per sequence in a step and the attention kernels' share of the efficiencies."""
+per sequence in a step and the decode attention kernel's share of the efficiencies."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _setup(**eff: float) -> Setup:
 
 def test_defaults_are_off() -> None:
     e = Efficiency()
-    assert e.sequence_overhead_us == 0.0 and e.attention == 1.0
+    assert e.sequence_overhead_us == 0.0 and e.decode_attention == 1.0
     names = [g.name for g in step_groups(_setup(), S=1, P=1000, b=32, phase="decode")]
     assert "sequence_overhead" not in names
 
@@ -45,7 +45,7 @@ def test_sequence_overhead_is_per_sequence_in_the_step() -> None:
 
 
 def test_attention_share_slows_the_attention_group_only() -> None:
-    full, half = _setup(), _setup(attention=0.5)
+    full, half = _setup(), _setup(decode_attention=0.5)
     g_full = {g.name: g for g in step_groups(full, S=1, P=8000, b=64, phase="decode")}
     g_half = {g.name: g for g in step_groups(half, S=1, P=8000, b=64, phase="decode")}
     for name, g in g_full.items():
@@ -57,6 +57,28 @@ def test_attention_share_slows_the_attention_group_only() -> None:
             assert g_half[name].time_s == pytest.approx(g.time_s)
 
 
+def test_decode_attention_share_leaves_prompt_attention_alone() -> None:
+    # a prompt's (or a chunk's) attention is a flash-attention kernel over many query tokens: the decode
+    # kernel's share does not apply to it (vLLM's CPU engine: a 512-token prompt in eight 64-token chunks took
+    # 54.6 ms against 6.8 ms for a lone 64-token prompt, while its decode attention ran at ~0.3 of the GEMMs)
+    full, slow = _setup(), _setup(decode_attention=0.25)
+    for kw in ({"S": 4096, "P": 0, "b": 1, "phase": "prefill"}, {"S": 512, "P": 4096, "b": 1, "phase": "prefill"}):
+        assert float(step_time_s(step_groups(slow, **kw), slow)) == pytest.approx(
+            float(step_time_s(step_groups(full, **kw), full)), rel=1e-12)
+    # a hybrid step: only the decodes' part of the attention slows (by 1/0.25 on its roofline part)
+    kw = {"S": 1, "P": 8000, "b": 64, "phase": "decode"}
+    dec_full = {g.name: g for g in step_groups(full, **kw)}["attention"]
+    dec_slow = {g.name: g for g in step_groups(slow, **kw)}["attention"]
+    chunk_only = {g.name: g for g in step_groups(full, S=1, P=8000, b=0, phase="decode", chunk=(512, 4096))}["attention"]
+    hyb_slow = {g.name: g for g in step_groups(slow, **kw, chunk=(512, 4096))}["attention"]
+    assert dec_slow.time_s - dec_slow.latency_s == pytest.approx(4 * (dec_full.time_s - dec_full.latency_s))
+    def roof(g):
+        return float(g.time_s - g.latency_s)
+
+    assert roof(hyb_slow) == pytest.approx(roof(dec_slow) + roof(chunk_only), rel=1e-9)
+    assert float(hyb_slow.latency_s) == pytest.approx(float(chunk_only.latency_s))  # two kernels either way
+
+
 def test_the_fit_recovers_both_terms() -> None:
     # synthetic steps of the enginebench model on a made-up CPU: prefill 64-1024 tokens, decode at two contexts
     from calculator.enginebench.model import ENGINE_MODEL
@@ -64,7 +86,7 @@ def test_the_fit_recovers_both_terms() -> None:
     gpu = pc.load_gpu("h100-sxm").model_copy(update={"peak_tflops": pc.load_gpu("h100-sxm").peak_tflops.model_copy(
         update={"bf16": 0.4}), "hbm_bandwidth_tb_s": 0.03})
     true = Efficiency(compute=0.8, memory=0.9, kernel_latency_us=20.0, step_overhead_us=500.0,
-                      sequence_overhead_us=80.0, attention=0.25)
+                      sequence_overhead_us=80.0, decode_attention=0.25)
     parts = [design(ENGINE_MODEL, gpu, "prefill", np.array([64, 128, 256, 512, 1024]), np.ones(5), "bf16"),
              design(ENGINE_MODEL, gpu, "decode", np.array([80] * 5 + [576] * 3), np.array([1, 4, 16, 32, 64, 1, 8, 32]),
                     "bf16")]
@@ -75,6 +97,28 @@ def test_the_fit_recovers_both_terms() -> None:
     fit = fit_efficiency(d, y, per_sequence=True, attention=True)
     assert fit.rms_rel_error < 0.02
     assert fit.efficiency.sequence_overhead_us == pytest.approx(80.0, rel=0.15)
-    assert fit.efficiency.attention == pytest.approx(0.25, rel=0.25)
+    assert fit.efficiency.decode_attention == pytest.approx(0.25, rel=0.25)
     # and without the two terms the same points are fitted much worse
     assert fit_efficiency(d, y).rms_rel_error > 3 * fit.rms_rel_error
+
+
+def test_a_chunked_prompt_is_its_chunks_in_a_row() -> None:
+    # the serving validation fits a chunked instance's lone long prompts as k steps of C tokens, each after
+    # the ones before: k step overheads, k sequences, and the chunks' compute added up
+    from calculator.enginebench.predict import chunked_prefill_design
+    from calculator.microbench.fit import design
+
+    gpu = pc.load_gpu("h100-sxm")
+    eff = Efficiency(compute=0.5, memory=0.5, kernel_latency_us=10.0, step_overhead_us=1000.0,
+                     sequence_overhead_us=50.0)
+    row = chunked_prefill_design(gpu, 512, 64)
+    assert row.kernels.shape == (1,) and row.step_counts[0] == 8 and row.sequences[0] == 8
+    from calculator.enginebench.model import ENGINE_MODEL
+
+    one = design(ENGINE_MODEL, gpu, "prefill", np.array([64]), np.array([1]), "bf16")
+    # eight chunks cost at least eight first chunks (later ones re-read a longer prefix) and all overheads count 8x
+    assert float(row.predict_s(eff)[0]) >= 8 * float(one.predict_s(eff)[0]) - 1e-12
+    assert float(row.predict_s(eff)[0]) - float(row.predict_s(eff.model_copy(update={"step_overhead_us": 0.0}))[0]) \
+        == pytest.approx(8 * 1000e-6)
+    # a remainder: 100 tokens in chunks of 64 are two steps
+    assert chunked_prefill_design(gpu, 100, 64).step_counts[0] == 2

@@ -38,7 +38,10 @@ class Design:
     memory_s: np.ndarray
     kernels: np.ndarray
     sequences: np.ndarray | None = None  # sequences in the step (for a per-sequence cost); None: not fitted
-    attention: int | None = None  # the attention group's column (its efficiencies scale by Efficiency.attention)
+    attention: int | None = None  # the attention group's column (in decode rows its efficiencies scale by
+    # Efficiency.decode_attention; prefill rows run prompt attention at the GEMM efficiencies)
+    decode_rows: np.ndarray | None = None  # which rows are decode steps
+    steps: np.ndarray | None = None  # forward steps per row (each pays the step overhead); None: one each
 
     @staticmethod
     def concat(parts: list[Design]) -> Design:
@@ -49,37 +52,59 @@ class Design:
 
         seqs = None if any(p.sequences is None for p in parts) else np.concatenate([p.sequences for p in parts])
         cols = {p.attention for p in parts}
+        rows = None if any(p.decode_rows is None for p in parts) else np.concatenate([p.decode_rows for p in parts])
+        steps = np.concatenate([p.step_counts for p in parts])
         return Design(np.concatenate([pad(p.compute_s) for p in parts]), np.concatenate([pad(p.memory_s) for p in parts]),
-                      np.concatenate([p.kernels for p in parts]), seqs, cols.pop() if len(cols) == 1 else None)
+                      np.concatenate([p.kernels for p in parts]), seqs, cols.pop() if len(cols) == 1 else None, rows,
+                      steps)
+
+    @property
+    def step_counts(self) -> np.ndarray:
+        return np.ones_like(self.kernels) if self.steps is None else self.steps
+
+    def summed(self) -> Design:
+        """One row: the steps of every row run one after the other (a prompt prefilled in chunks). Each group's
+        compute and memory times add before its roofline max, a fair sum where the steps have one shape."""
+        def total(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else a.sum(axis=0, keepdims=True)
+
+        rows = None if self.decode_rows is None else self.decode_rows[:1] & np.all(self.decode_rows)
+        return Design(total(self.compute_s), total(self.memory_s), total(self.kernels), total(self.sequences),
+                      self.attention, rows, total(self.step_counts))
 
     def take(self, index: np.ndarray) -> Design:
         return Design(self.compute_s[index], self.memory_s[index], self.kernels[index],
-                      None if self.sequences is None else self.sequences[index], self.attention)
+                      None if self.sequences is None else self.sequences[index], self.attention,
+                      None if self.decode_rows is None else self.decode_rows[index], self.step_counts[index])
 
-    def scaled(self, attention: float) -> Design:
-        """The design with the attention group's ceiling times divided by ``attention`` (its share of the
-        efficiencies), so that ``predict_s`` at the GEMM efficiencies covers it."""
-        if self.attention is None or attention == 1.0:
+    def scaled(self, decode_attention: float) -> Design:
+        """The design with the attention group's ceiling times in decode rows divided by ``decode_attention``
+        (the decode kernel's share of the efficiencies), so that ``predict_s`` at the GEMM efficiencies covers it."""
+        if self.attention is None or self.decode_rows is None or decode_attention == 1.0:
             return self
         c, m = self.compute_s.copy(), self.memory_s.copy()
-        c[:, self.attention] /= attention
-        m[:, self.attention] /= attention
-        return Design(c, m, self.kernels, self.sequences, self.attention)
+        c[self.decode_rows, self.attention] /= decode_attention
+        m[self.decode_rows, self.attention] /= decode_attention
+        return Design(c, m, self.kernels, self.sequences, self.attention, self.decode_rows, self.steps)
 
     def predict_s(self, eff: Efficiency) -> np.ndarray:
-        d = self.scaled(eff.attention)
+        d = self.scaled(eff.decode_attention)
         roof = np.maximum(d.compute_s / eff.compute, d.memory_s / eff.memory).sum(axis=1)
         per_seq = 0.0 if self.sequences is None else self.sequences * eff.sequence_overhead_us * 1e-6
-        return roof + self.kernels * eff.kernel_latency_us * 1e-6 + eff.step_overhead_us * 1e-6 + per_seq
+        return (roof + self.kernels * eff.kernel_latency_us * 1e-6 + self.step_counts * eff.step_overhead_us * 1e-6
+                + per_seq)
 
 
-def design(m: ModelSpec, device: GPUSpec, phase: str, tokens: np.ndarray, batch: np.ndarray, dtype: str) -> Design:
-    """The design rows of a batch of points of one model and phase (prefill: no prefix; decode: S=1, P=tokens)."""
+def design(m: ModelSpec, device: GPUSpec, phase: str, tokens: np.ndarray, batch: np.ndarray, dtype: str,
+           prefix: np.ndarray | None = None) -> Design:
+    """The design rows of a batch of points of one model and phase (prefill: ``prefix`` cached tokens, none by
+    default; decode: S=1, P=tokens)."""
     setup = Setup(m, device.model_copy(update={"efficiency": UNIT}), weight_dtype=dtype, kv_dtype=dtype)
     tokens = np.asarray(tokens, dtype=float)
     batch = np.asarray(batch, dtype=float)
     if phase == "prefill":
-        groups = step_groups(setup, S=tokens, P=np.zeros_like(tokens), b=batch, phase="prefill")
+        groups = step_groups(setup, S=tokens, P=np.zeros_like(tokens) if prefix is None else
+                             np.asarray(prefix, dtype=float), b=batch, phase="prefill")
     else:
         groups = step_groups(setup, S=np.ones_like(tokens), P=tokens, b=batch, phase="decode")
     shape = np.broadcast(tokens, batch).shape
@@ -91,6 +116,7 @@ def design(m: ModelSpec, device: GPUSpec, phase: str, tokens: np.ndarray, batch:
         np.broadcast_to(np.rint(sum(g.latency_s for g in groups) / 1e-6), shape).astype(float),  # kernel count
         np.broadcast_to(batch, shape).astype(float),  # a prefill of b prompts or b decodes: b sequences
         next(i for i, g in enumerate(groups) if g.name == "attention"),
+        np.full(shape, phase == "decode"),
     )
 
 
@@ -100,13 +126,14 @@ class Fit:
     rms_rel_error: float
 
 
-def _overheads(roof: np.ndarray, kernels: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _overheads(roof: np.ndarray, kernels: np.ndarray, y: np.ndarray,
+               steps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per cell (row of ``roof``): (tau_s, o_s) >= 0 minimising sum((roof + K tau + o) / y - 1)^2, and that sum.
 
     The 2x2 weighted normal equations are solved in closed form; where their solution leaves the
     feasible quadrant, the better of the two edges (tau = 0 or o = 0) and the corner is taken.
     """
-    a, c = kernels / y, 1.0 / y  # (points,)
+    a, c = kernels / y, (1.0 if steps is None else steps) / y  # (points,)
     z = 1.0 - roof / y  # (cells, points)
     saa, sac, scc = a @ a, a @ c, c @ c
     saz, scz = z @ a, z @ c
@@ -158,8 +185,8 @@ ATTENTION_SHARES = np.geomspace(0.02, 1.0, 25)
 
 def fit_efficiency(d: Design, measured_s: np.ndarray, cells: int = 48, passes: int = 5,
                    fitted_on: str | None = None, per_sequence: bool = False, attention: bool = False) -> Fit:
-    """``_fit_efficiency``; with ``attention`` also the attention kernels' share of the efficiencies
-    (``Efficiency.attention``, on a geometric grid from 0.02 to 1): the best fit over the grid."""
+    """``_fit_efficiency``; with ``attention`` also the decode attention kernel's share of the efficiencies
+    (``Efficiency.decode_attention``, on a geometric grid from 0.02 to 1): the best fit over the grid."""
     if not attention:
         return _fit_efficiency(d, measured_s, cells, passes, fitted_on, per_sequence)
     if d.attention is None:
@@ -167,7 +194,7 @@ def fit_efficiency(d: Design, measured_s: np.ndarray, cells: int = 48, passes: i
     fits = [_fit_efficiency(d.scaled(float(a)), measured_s, cells, passes, fitted_on, per_sequence)
             for a in ATTENTION_SHARES]
     i = int(np.argmin([f.rms_rel_error for f in fits]))
-    return Fit(fits[i].efficiency.model_copy(update={"attention": float(ATTENTION_SHARES[i])}), fits[i].rms_rel_error)
+    return Fit(fits[i].efficiency.model_copy(update={"decode_attention": float(ATTENTION_SHARES[i])}), fits[i].rms_rel_error)
 
 
 def _fit_efficiency(d: Design, measured_s: np.ndarray, cells: int = 48, passes: int = 5,
@@ -190,11 +217,11 @@ def _fit_efficiency(d: Design, measured_s: np.ndarray, cells: int = 48, passes: 
         ec, em = ec.ravel(), em.ravel()
         roof = np.maximum(d.compute_s[None] / ec[:, None, None], d.memory_s[None] / em[:, None, None]).sum(axis=2)
         if per_sequence:
-            x, val = _nonneg_lstsq(np.stack([d.kernels / y, 1.0 / y, d.sequences / y], axis=1),  # type: ignore[operator]
+            x, val = _nonneg_lstsq(np.stack([d.kernels / y, d.step_counts / y, d.sequences / y], axis=1),  # type: ignore[operator]
                                    1.0 - roof / y)
             tau, o, seq = x[:, 0], x[:, 1], x[:, 2]
         else:
-            tau, o, val = _overheads(roof, d.kernels, y)
+            tau, o, val = _overheads(roof, d.kernels, y, d.step_counts)
             seq = np.zeros_like(tau)
         k = int(np.argmin(val))
         if val[k] < best[0]:
