@@ -18,7 +18,7 @@ import numpy as np
 from hardware_db.schema import GPUSpec
 
 from ..kv_cache import kv_cache_bytes
-from ..microbench.fit import design, fit_efficiency
+from ..microbench.fit import Design, design, fit_efficiency
 from ..serving import Deployment, Evaluation, Pool, Workload, evaluate
 from .engine import MAX_NUM_SEQS, EngineConfig
 from .model import ENGINE_MODEL
@@ -26,26 +26,38 @@ from .model import ENGINE_MODEL
 
 @dataclass(frozen=True)
 class StepPoint:
-    """One unloaded measurement: a lone prefill of ``tokens`` (batch 1), or ``batch`` decodes at a mean
-    context of ``tokens``; ``seconds`` is the engine's step time."""
+    """One unloaded measurement: a lone prefill of ``tokens`` (batch 1; with ``chunk``, in pieces of ``chunk``
+    tokens, one step each, as a chunked engine runs a prompt longer than its token budget), or ``batch``
+    decodes at a mean context of ``tokens``; ``seconds`` is the engine's time for it."""
 
     phase: str
     tokens: int
     batch: int
     seconds: float
+    chunk: int | None = None
+
+
+def chunked_prefill_design(device: GPUSpec, tokens: int, chunk: int) -> Design:
+    """One design row: a lone prompt of ``tokens`` prefilled in steps of ``chunk`` tokens, each after the
+    ones before it (their KV is its prefix)."""
+    starts = np.arange(0, tokens, chunk)
+    pieces = np.minimum(chunk, tokens - starts)
+    return design(ENGINE_MODEL, device, "prefill", pieces, np.ones_like(pieces), "bf16", prefix=starts).summed()
 
 
 def fit_device(device: GPUSpec, points: list[StepPoint]) -> tuple[GPUSpec, float]:
     """The device with its efficiency fitted to ``points``, and the fit's rms relative error."""
     parts, y = [], []
     for ph in ("prefill", "decode"):
-        pts = [p for p in points if p.phase == ph]
+        pts = [p for p in points if p.phase == ph and p.chunk is None]
         if pts:
             parts.append(design(ENGINE_MODEL, device, ph, np.array([p.tokens for p in pts]),
                                 np.array([p.batch for p in pts]), "bf16"))
             y += [p.seconds for p in pts]
-    from ..microbench.fit import Design
-
+    for p in points:
+        if p.chunk is not None:
+            parts.append(chunked_prefill_design(device, p.tokens, p.chunk))
+            y.append(p.seconds)
     fit = fit_efficiency(Design.concat(parts), np.array(y), fitted_on="unloaded steps of the engine under test",
                          per_sequence=True, attention=True)
     eff = fit.efficiency.model_copy(update={"link": 1.0, "collective_latency_us": 0.0})
@@ -101,5 +113,5 @@ def decode_step_s(device: GPUSpec, context: int, batch: int = 1) -> float:
     return float(d.predict_s(device.efficiency)[0])
 
 
-__all__ = ["StepPoint", "capacity_rps", "decode_step_s", "deployment", "fit_device", "predict",
+__all__ = ["StepPoint", "capacity_rps", "chunked_prefill_design", "decode_step_s", "deployment", "fit_device", "predict",
            "prefill_s", "with_link"]

