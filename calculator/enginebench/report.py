@@ -207,7 +207,7 @@ def markdown(report: ServingReport) -> str:
         "",
         (f"CPU ceilings on one thread: {report.matmul_gflops:.0f} GFLOP/s bf16 matmul, {report.copy_gb_s:.1f} GB/s "
          "copy. Each co-located engine instance is measured after it starts (two starts of the same engine "
-         "differ by up to ~30% here); 1P1D uses the last one."),
+         "differ by up to ~30% here); 1P1D uses the one of the instance with chunking off, as its two instances run."),
     ]
     for cal in report.calibrations or (c,):
         lines += _calibration_lines(cal)

@@ -99,6 +99,7 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
         device = None
         calib = None
         calibrations: list[Calibration] = []
+        devices: list = []  # type: ignore[type-arg]  (each co-located calibration's fitted device)
         points: list[LoadPoint] = []
         curves: list[Curve] = []
         rng = np.random.default_rng(seed)
@@ -112,11 +113,16 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
                     calib, device = _calibrate(ports[0], cfg, ceilings, quick)
                     calib = calib.model_copy(update={"config": name})
                     calibrations.append(calib)
-                else:  # two instances with connectors: the co-located calibration before it
+                    devices.append(device)
+                else:  # two instances with connectors: the calibration of the co-located engine that, like
+                    # them, runs with chunking off (else the last one measured)
                     tick(f"{cfg.name}: warm-up")
                     asyncio.run(_lone(ports, cfg, ISL, rng))
                     if calib is None:
                         raise ValueError("configs: 1p1d needs a co-located configuration before it (its calibration)")
+                    same = [(c, d) for c, d in zip(calibrations, devices) if CONFIGS[c.config].chunk_tokens is None]
+                    if same:
+                        calib, device = same[-1]
                 dev = device
                 if cfg.disaggregated:
                     calib, dev = _transfer(servers, cfg, calib, device, rng)
