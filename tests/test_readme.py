@@ -109,6 +109,18 @@ def server():
         proc.wait(timeout=10)
 
 
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the shell examples run: a folder that links every top-level entry of the checkout (they name
+    files relative to it), so that a file an example writes (``--out cal.yaml``) lands there, not in the
+    checkout."""
+    d = tmp_path_factory.mktemp("readme")
+    for entry in ROOT.iterdir():
+        if not entry.name.startswith("."):
+            (d / entry.name).symlink_to(entry)
+    return d
+
+
 def test_the_readme_has_examples():
     kinds = [lang for lang, _, _ in _blocks()]
     assert kinds.count("bash") >= 3 and kinds.count("python") >= 3
@@ -137,8 +149,8 @@ def test_readme_example_runs(lang, code, comment, request, monkeypatch):
         return
     if code.startswith("curl "):
         code = code.replace("localhost:8000", request.getfixturevalue("server").removeprefix("http://"))
-    r = subprocess.run(["bash", "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
-                       check=False)
+    r = subprocess.run(["bash", "-c", code], cwd=request.getfixturevalue("workdir"), env=_env(), capture_output=True,
+                       text=True, timeout=TIMEOUT_S, check=False)
     assert r.returncode == 0, f"{code}\n{r.stderr}"
     if code.startswith("curl "):
         body = json.loads(r.stdout)
