@@ -16,9 +16,12 @@ _SOURCES: dict[str, str] = {
     **dict.fromkeys(("Efficiency", "GPUSpec", "ModelSpec", "list_gpus", "list_models", "load_gpu", "load_model"),
                     "hardware_db"),
     "deadline": ".budget",
+    **dict.fromkeys(("BenchPoint", "read_benchmark_files"), ".benchfiles"),
+    **dict.fromkeys(("CalibrationFit", "calibrate"), ".calibrate"),
     **dict.fromkeys(("AmbiguousIdError", "Cancelled", "DeadlineExceeded", "HardwareDBError", "InputError", "PdplanError",
                      "UnknownIdError", "UnstableError"), ".errors"),
     **dict.fromkeys(("Estimate", "MemoryBreakdown", "OpRow", "estimate"), ".estimate"),
+    **dict.fromkeys(("Launch", "to_launch"), ".launch"),
     **dict.fromkeys(("FORMULAS", "Formula"), ".formulas"),
     "model_from_hf_config": ".hf_config",
     **dict.fromkeys(("kv_bytes_per_token", "kv_cache_bytes"), ".kv_cache"),
@@ -31,11 +34,12 @@ _SOURCES: dict[str, str] = {
 """Public name -> the module it comes from."""
 
 __all__ = [
-    "FORMULAS", "SLO", "AmbiguousIdError", "Cancelled", "Candidate", "DeadlineExceeded", "Deployment", "Efficiency", "Estimate",
-    "Evaluation", "Formula", "GPUSpec", "HardwareDBError", "InputError", "Length", "MemoryBreakdown",
+    "FORMULAS", "SLO", "AmbiguousIdError", "BenchPoint", "CalibrationFit", "Cancelled", "Candidate", "DeadlineExceeded", "Deployment", "Efficiency", "Estimate",
+    "Evaluation", "Formula", "GPUSpec", "HardwareDBError", "InputError", "Launch", "Length", "MemoryBreakdown",
     "ModelSpec", "OpRow", "PdplanError", "Plan", "Pool", "Simulation", "Speculation", "UnknownIdError", "UnstableError",
-    "Workload", "active_param_count", "deadline", "estimate", "evaluate", "kv_bytes_per_token", "kv_cache_bytes", "list_gpus",
-    "list_models", "load_gpu", "load_model", "model_from_hf_config", "param_count", "plan", "simulate",
+    "Workload", "active_param_count", "calibrate", "deadline", "estimate", "evaluate", "kv_bytes_per_token", "kv_cache_bytes", "list_gpus",
+    "list_models", "load_gpu", "load_model", "model_from_hf_config", "param_count", "plan", "read_benchmark_files",
+    "simulate", "to_launch",
 ]  # the keys of _SOURCES (a test checks)
 
 
@@ -67,7 +71,9 @@ sys.modules[__name__].__class__ = _Package
 if TYPE_CHECKING:  # the same names, for type checkers and editors
     from hardware_db import Efficiency, GPUSpec, ModelSpec, list_gpus, list_models, load_gpu, load_model
 
+    from .benchfiles import BenchPoint, read_benchmark_files
     from .budget import deadline
+    from .calibrate import CalibrationFit, calibrate
     from .errors import (
         AmbiguousIdError,
         Cancelled,
@@ -82,6 +88,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from .formulas import FORMULAS, Formula
     from .hf_config import model_from_hf_config
     from .kv_cache import kv_bytes_per_token, kv_cache_bytes
+    from .launch import Launch, to_launch
     from .optimizer import Candidate, Plan, plan
     from .params import active_param_count, param_count
     from .serving import SLO, Deployment, Evaluation, Length, Pool, Workload, evaluate

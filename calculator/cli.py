@@ -484,18 +484,26 @@ def kv(
         ("formula", r.formula.latex)]))
 
 
+def _calibration(path: Path | None) -> Any:
+    """The ``Efficiency`` of a ``--calibration`` YAML (None without one)."""
+    if path is None:
+        return None
+    from .calibration import load_calibration
+    from .files import read_text_file
+    from .limits import MAX_CONFIG_BYTES
+
+    read_text_file(path, "calibration", MAX_CONFIG_BYTES)  # refuses a FIFO, a device, a binary file
+    return load_calibration(path)
+
+
+CalibrationOpt = Annotated[Path | None, typer.Option(help="calibration YAML from pdplan validate or pdplan calibrate")]
+
+
 def _estimate_request(p: dict[str, Any]) -> Any:
     """The ``EstimateRequest`` of ``pdplan estimate``'s parameters (also the base of ``sweep estimate``)."""
     from . import service as s
 
-    eff = None
-    if p["calibration"] is not None:
-        from .calibration import load_calibration
-        from .files import read_text_file
-        from .limits import MAX_CONFIG_BYTES
-
-        read_text_file(p["calibration"], "calibration", MAX_CONFIG_BYTES)  # refuses a FIFO, a device, a binary file
-        eff = load_calibration(p["calibration"])
+    eff = _calibration(p["calibration"])
     return s.EstimateRequest(model=_model_ref(p["model"]), gpu=p["gpu"], tp=p["tp"], pp=p["pp"], dp=p.get("dp", 1),
                              ep=p.get("ep", 1), cp=p.get("cp", 1), isl=p["isl"],
                              osl=p["osl"], batch=p["batch"], weight_dtype=p["weight_dtype"], kv_dtype=p["kv_dtype"],
@@ -520,7 +528,7 @@ def estimate(
     kv_dtype: str = "bf16",
     prefix_hit: Annotated[float, typer.Option(help="fraction of the prompt in the prefix cache")] = 0.0,
     gpu_memory_utilisation: Annotated[float, typer.Option(help="share of HBM the engine may use")] = 0.9,
-    calibration: Annotated[Path | None, typer.Option(help="calibration YAML from pdplan validate")] = None,
+    calibration: CalibrationOpt = None,
     rows: Annotated[bool, typer.Option(help="show the operator rows")] = True,
     as_json: JsonOpt = False,
 ) -> None:
@@ -583,6 +591,12 @@ def _plan_request(p: dict[str, Any]) -> Any:
     body = {"model": _model_ref(p["model"]), **_workload_and_slo(p), "gpus": p["gpu"] or None,
             "modes": p["mode"] or None, "objective": p["objective"], "weight_dtype": p["weight_dtype"],
             "kv_dtype": p["kv_dtype"], "whole_nodes": p["whole_nodes"], "scheduler": p["scheduler"]}
+    eff = _calibration(p.get("calibration"))
+    if eff is not None:
+        body["calibration"] = eff
+    if p.get("emit") is not None:
+        body["emit"] = p["emit"]
+        body["model_path"] = p.get("model_path")
     return s.PlanRequest.model_validate(body)
 
 
@@ -716,12 +730,18 @@ def plan(
     objective: Annotated[str, typer.Option(help="gpus, cost or cost_per_token")] = "gpus",
     whole_nodes: Annotated[bool, typer.Option(help="bill whole 8-GPU nodes")] = False,
     show_all: Annotated[bool, typer.Option("--all", help=f"list every candidate (default: the best {SHOWN})")] = False,
+    calibration: CalibrationOpt = None,
+    emit: Annotated[str | None, typer.Option(help="also print the best deployment's launch commands: vllm or "
+                                                  "sglang")] = None,
+    model_path: Annotated[str | None, typer.Option(help="with --emit: what the engine loads (default: the model's "
+                                                        "Hugging Face repo)")] = None,
     as_json: JsonOpt = False,
     csv: CsvOpt = None,
     plot: PlotOpt = None,
     **shared: Any,
 ) -> int:
-    """The deployment (mode, GPU, tp, instances) that meets the SLO at the rate, and why (exit 1: none does)."""
+    """The deployment (mode, GPU, tp, instances) that meets the SLO at the rate, and why (exit 1: none does);
+    with --emit, the commands that run it on vLLM or SGLang."""
     from . import service as s
     from .cli_export import plan_rows, plot_plan
 
@@ -757,6 +777,20 @@ def _print_plan(req: Any, r: Any, order: list[Any], show_all: bool) -> None:
          f"{c.utilisation:.2f}", c.mode, c.binding] for c in shown])
     for line in _gpu_notes(req, plan, order, len(shown)):
         out.print(escape(line), highlight=False)
+    if r.launch is not None:
+        _print_launch(r.launch)
+
+
+def _print_launch(launch: Any) -> None:
+    out.print(escape(f"\nLaunch on {launch.engine} ({launch.model_path}):"), highlight=False)
+    for pool in launch.pools:
+        out.print(escape(f"# {pool.role}: {pool.replicas} x {pool.gpus_per_replica} GPU(s)"), highlight=False)
+        out.print(escape(pool.command), highlight=False, soft_wrap=True)
+    if launch.router_command is not None:
+        out.print(escape("# router"), highlight=False)
+        out.print(escape(launch.router_command), highlight=False, soft_wrap=True)
+    for note in launch.notes:
+        out.print(escape(f"# note: {note}"), highlight=False, soft_wrap=True)
 
 
 PoolOpt = Annotated[str | None, typer.Option(metavar="GPU[:tpN][:ppN][:xN]",
@@ -803,8 +837,10 @@ def _evaluate_request(p: dict[str, Any]) -> Any:
                                      "--decode)")
         deployment = {"mode": mode, "pool": parse_pool(p["pool"], "pool", *dtypes), "scheduler": p["scheduler"],
                       **({"chunk_tokens": p["chunk"]} if mode == "chunked" else {})}
+    eff = _calibration(p.get("calibration"))
     return s.EvaluateRequest.model_validate({"model": _model_ref(p["model"]), "deployment": deployment,
-                                             **_workload_and_slo(p, slo_required=False)})
+                                             **_workload_and_slo(p, slo_required=False),
+                                             **({} if eff is None else {"calibration": eff})})
 
 
 @app.command()
@@ -823,6 +859,7 @@ def evaluate(
     kv_link: Annotated[str, typer.Option(help="disaggregated: scaleout (NIC) or scaleup")] = "scaleout",
     ttft: Annotated[str | None, typer.Option(help="TTFT target, e.g. 2s (with --tpot: goodput and attainment)")] = None,
     tpot: Annotated[str | None, typer.Option(help="TPOT target, e.g. 50ms")] = None,
+    calibration: CalibrationOpt = None,
     as_json: JsonOpt = False,
     csv: CsvOpt = None,
     plot: PlotOpt = None,
@@ -1047,6 +1084,73 @@ class _ProgressBar:
     def __exit__(self, *_exc: object) -> None:
         if self.shown:
             self.progress.stop()
+
+
+@app.command()
+def calibrate(
+    files: Annotated[list[Path], typer.Argument(help="benchmark result files: vLLM bench serve (--save-result) JSON or "
+                                                     "JSONL, SGLang bench_serving JSONL, genai-perf/AIPerf profile "
+                                                     "export JSON")],
+    model: Annotated[str, typer.Option(help="the model the benchmarks served: id, alias or config.json path")],
+    gpu: Annotated[str, typer.Option(help="the GPU they ran on (pdplan gpus)")],
+    tp: Annotated[int, typer.Option(help="tensor-parallel degree of the one instance benchmarked")] = 1,
+    weight_dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+    scheduler: Annotated[str, typer.Option(help="hybrid (vLLM V1, SGLang, TensorRT-LLM) or prefill_first "
+                                                "(vLLM V0)")] = "hybrid",
+    max_batched_tokens: Annotated[int, typer.Option(help="the engine's token budget per step")] = 8192,
+    chunk: Annotated[int | None, typer.Option(help="the chunked-prefill budget, if the engine ran chunks")] = None,
+    out_file: Annotated[Path | None, typer.Option("--out", help="write the calibration YAML here (then "
+                                                                "--calibration FILE on estimate, evaluate, plan)")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fit the GPU's compute and memory efficiency and step overhead to your own serving benchmarks
+    (POST /v1/calibrate): every run predicted by pdplan's serving model at its throughput, errors
+    fitted and held out (two-fold)."""
+    from . import service as s
+    from .benchfiles import MAX_BENCH_FILE_BYTES
+    from .files import read_text_file
+
+    bodies = [{"name": str(f), "content": read_text_file(f, "files", MAX_BENCH_FILE_BYTES)} for f in files]
+    req = s.CalibrateRequest.model_validate({
+        "model": _model_ref(model), "gpu": gpu, "tp": tp, "weight_dtype": weight_dtype, "kv_dtype": kv_dtype,
+        "scheduler": scheduler, "max_batched_tokens": max_batched_tokens, "chunk_tokens": chunk, "files": bodies})
+    r = s.run_calibrate(req)
+    if out_file is not None:
+        with _writing("out", str(out_file)):
+            out_file.write_text(r.calibration_yaml, encoding="utf-8")
+    if as_json:
+        _print_json(r)
+        return
+    fit = r.fit
+    eff = fit.efficiency
+
+    def err(pred: float | None, meas: float | None) -> str:
+        if meas is None:
+            return "—"
+        return "unstable" if pred is None else f"{pred / meas - 1:+.0%}"
+
+    out.table(f"{fit.model} on {fit.gpu} tp{fit.tp}: {len(fit.runs)} benchmark runs, measured vs pdplan", [
+        Column("run", left=True, drop=3), Column("req/s"), Column("conc.", drop=4), Column("isl/osl", drop=2),
+        Column("TTFT p50"), Column("pdplan"), Column("TPOT p50"), Column("pdplan"), Column("held out", drop=1)],
+        [[escape(run.source), f"{run.throughput_rps:.2f}", str(run.max_concurrency or "—"),
+          f"{run.isl_mean:.0f}/{run.osl_mean:.0f}", _ms(run.ttft_measured_s),
+          err(run.ttft_predicted_s, run.ttft_measured_s), _ms(run.tpot_measured_s),
+          err(run.tpot_predicted_s, run.tpot_measured_s),
+          " ".join(err(pr, me) for pr, me in ((run.held_out_ttft_predicted_s, run.ttft_measured_s),
+                                               (run.held_out_tpot_predicted_s, run.tpot_measured_s)) if me)]
+         for run in fit.runs])
+    held = ("—" if fit.held_out_median_abs_error is None else
+            f"{fit.held_out_median_abs_error:.1%} median, {fit.held_out_p90_abs_error:.1%} p90")
+    out.print(pairs_table("fitted", [
+        ("compute efficiency", f"{eff.compute:.3f}"), ("memory efficiency", f"{eff.memory:.3f}"),
+        ("step overhead", f"{eff.step_overhead_us:.0f} µs"),
+        ("error (fitted on all runs)", f"{fit.median_abs_error:.1%} median, {fit.p90_abs_error:.1%} p90"),
+        ("error held out (two-fold)", held),
+        *([("runs the fit calls unstable", f"{fit.unstable_runs} (their throughput is beyond the fitted capacity)")]
+          if fit.unstable_runs else [])]))
+    if out_file is not None:
+        out.print(f"wrote {escape(str(out_file))}: use it with --calibration on estimate, evaluate and plan")
 
 
 @app.command()

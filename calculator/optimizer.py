@@ -390,6 +390,7 @@ def plan(
     dps: Sequence[int] | int = DPS,
     cps: Sequence[int] | int = CPS,
     spec: Speculation | Mapping[str, Any] | None = None,
+    calibration: Any = None,
     _verify_nearest: bool = True,
 ) -> Plan:
     """Rank deployments that meet ``slo`` at ``workload.rate``; say why when none does.
@@ -409,11 +410,17 @@ def plan(
     an empty list tries none). ``cps`` are the context-parallel degrees tried when the mean prompt is
     at least CP_MIN_PROMPT_TOKENS (an empty list tries none). ``spec`` (a ``Speculation``) is tried on
     every pool that decodes, beside the same pool without it; the ranking keeps whichever wins.
+    ``calibration`` (an ``Efficiency``, a mapping or a calibration YAML from ``pdplan validate`` or
+    ``pdplan calibrate``) replaces the efficiencies of every candidate GPU.
     """
     m = model_spec(model)
     workload = as_model("workload", workload, Workload)
     slo = as_model("slo", slo, SLO)
     specs = _gpu_specs(gpus)
+    if calibration is not None:
+        from .calibration import apply_calibration
+
+        specs = [apply_calibration(g, calibration) for g in specs]
     gpu_ids = [g.id for g in specs]
     modes = list(MODES) if modes is None else [choice(f"modes.{i}", x, MODES)
                                                for i, x in enumerate(items("modes", modes, len(MODES)))]

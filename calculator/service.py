@@ -21,9 +21,13 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from hardware_db.loader import ENV_VAR, database, load_gpu, load_model
 from hardware_db.schema import Efficiency, GPUSpec, KVDtype, ModelSpec, WeightDtype
 
+from .benchfiles import MAX_BENCH_FILE_BYTES
+from .calibrate import CalibrationFit
+from .errors import InputError
 from .estimate import Estimate, estimate
 from .formulas import FORMULAS
 from .hf_config import model_from_hf_config
+from .launch import Engine, Launch, to_launch
 from .kv_cache import kv_bytes_per_gpu, kv_bytes_per_token, kv_cache_bytes
 from .limits import (
     MAX_BATCH,
@@ -309,11 +313,18 @@ class PlanRequest(_Request):
     cps: list[Literal[2, 4, 8, 16]] = Field(
         default=list(CPS), max_length=4, description="context-parallel degrees to try when the mean prompt is at "
         "least 32,768 tokens (at the widest tp); empty: none")
+    calibration: Efficiency | None = Field(default=None, description="efficiencies replacing every candidate GPU's "
+                                           "(from pdplan validate or POST /v1/calibrate)")
+    emit: Engine | None = Field(default=None, description="also return the best deployment as launch commands for "
+                                "this engine (vllm or sglang)")
+    model_path: str | None = Field(default=None, max_length=512, description="with emit: what the engine loads (a "
+                                   "Hugging Face repo id or a local folder); default the model's hf_repo")
 
 
 class PlanResponse(BaseModel):
     plan: Plan
     explanation: str
+    launch: Launch | None = Field(default=None, description="with emit: the best deployment's engine commands")
 
 
 def run_plan(req: PlanRequest) -> PlanResponse:
@@ -321,8 +332,12 @@ def run_plan(req: PlanRequest) -> PlanResponse:
              gpus=list(req.gpus) if req.gpus is not None else None, modes=list(req.modes) if req.modes else None,
              objective=req.objective, tps=tuple(req.tps), chunk_sizes=tuple(req.chunk_sizes),
              weight_dtype=req.weight_dtype, kv_dtype=req.kv_dtype, kv_link=req.kv_link, whole_nodes=req.whole_nodes,
-             scheduler=req.scheduler, dps=tuple(req.dps), cps=tuple(req.cps), spec=req.spec)
-    return PlanResponse(plan=p, explanation=p.explain())
+             scheduler=req.scheduler, dps=tuple(req.dps), cps=tuple(req.cps), spec=req.spec,
+             calibration=req.calibration)
+    launch = None
+    if req.emit is not None and p.best is not None:
+        launch = to_launch(resolve_model(req.model), p.best.deployment, req.emit, model_path=req.model_path)
+    return PlanResponse(plan=p, explanation=p.explain(), launch=launch)
 
 
 class EvaluateRequest(_Request):
@@ -339,11 +354,63 @@ class EvaluateRequest(_Request):
     workload: Workload
     slo: SLO | None = None
     gpus: list[GPUSpec] = Field(default_factory=list, max_length=2, description="inline specs for custom pool GPU ids")
+    calibration: Efficiency | None = Field(default=None, description="efficiencies replacing every pool GPU's "
+                                           "(from pdplan validate or POST /v1/calibrate)")
 
 
 def run_evaluate(req: EvaluateRequest) -> Evaluation:
     """``evaluate`` checks the context window and the pools' GPU ids itself (404 naming the closest)."""
-    return evaluate(resolve_model(req.model), req.deployment, req.workload, req.slo, gpus=req.gpus)
+    return evaluate(resolve_model(req.model), req.deployment, req.workload, req.slo, gpus=req.gpus,
+                    calibration=req.calibration)
+
+
+# ------------------------------------------------------------------------------------------ calibrate
+
+class BenchFile(_Request):
+    """One benchmark result file, inline."""
+
+    name: str = Field(min_length=1, max_length=200, description="the file's name (error messages cite it)")
+    content: str = Field(min_length=1, max_length=MAX_BENCH_FILE_BYTES, description="its text: vLLM bench serve JSON/JSONL, "
+                         "SGLang bench_serving JSONL or a genai-perf/AIPerf profile export")
+
+
+class CalibrateRequest(_Request):
+    """Fit a GPU's efficiencies to serving benchmarks of one instance (``pdplan calibrate``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, json_schema_extra={
+        "examples": [{"model": "llama-3.1-8b", "gpu": "h100-sxm", "tp": 1, "files": [
+            {"name": "run.json", "content": "{\"num_prompts\": 200, \"request_rate\": 2.0, \"max_concurrency\": null, "
+             "\"completed\": 200, \"total_input_tokens\": 204800, \"total_output_tokens\": 25600, "
+             "\"request_throughput\": 2.0, \"median_ttft_ms\": 80.0, \"median_tpot_ms\": 9.0}"}]}]})
+
+    model: ModelRef
+    gpu: GPURef
+    tp: int = Field(default=1, ge=1, le=MAX_PARALLEL)
+    weight_dtype: WeightDtype = "bf16"
+    kv_dtype: KVDtype = "bf16"
+    scheduler: Scheduler = "hybrid"
+    max_batched_tokens: int = Field(default=8192, ge=64, le=1_048_576, description="the engine's token budget per step")
+    chunk_tokens: int | None = Field(default=None, ge=64, le=1_048_576, description="chunked prefill's budget, if "
+                                     "the engine ran Sarathi-style chunks (then the fit uses the chunked mode)")
+    files: list[BenchFile] = Field(min_length=1, max_length=16)
+
+
+class CalibrateResponse(BaseModel):
+    fit: CalibrationFit
+    calibration_yaml: str = Field(description="the profile as a calibration YAML (pdplan --calibration FILE)")
+
+
+def run_calibrate(req: CalibrateRequest) -> CalibrateResponse:
+    from .benchfiles import MAX_BENCH_POINTS, parse_benchmark_text
+    from .calibrate import calibrate, calibration_yaml
+
+    runs = [r for f in req.files for r in parse_benchmark_text(f.content, f.name)]
+    if len(runs) > MAX_BENCH_POINTS:
+        raise InputError("files", f"{len(runs)} benchmark runs; at most {MAX_BENCH_POINTS} per calibration")
+    fit = calibrate(resolve_model(req.model), resolve_gpu(req.gpu), runs, tp=req.tp, weight_dtype=req.weight_dtype,
+                    kv_dtype=req.kv_dtype, scheduler=req.scheduler, max_batched_tokens=req.max_batched_tokens,
+                    chunk_tokens=req.chunk_tokens)
+    return CalibrateResponse(fit=fit, calibration_yaml=calibration_yaml(fit))
 
 
 # ------------------------------------------------------------------------------------------ sweep

@@ -16,3 +16,14 @@ def reference_catalog():
     if not path.is_file():
         pytest.skip("shared/reference/model_catalog.yaml is not beside this checkout")
     return {r["name"]: r for r in yaml.safe_load(path.read_text())["models"]}
+
+
+def engine_python() -> str | None:
+    """The Python that has vLLM's CPU build: ``$PDPLAN_ENGINE_PYTHON``, else the checkout's ``.engine-venv``."""
+    import os
+
+    given = os.environ.get("PDPLAN_ENGINE_PYTHON")
+    if given:
+        return given
+    local = Path(__file__).resolve().parents[1] / ".engine-venv" / "bin" / "python"
+    return str(local) if local.exists() else None

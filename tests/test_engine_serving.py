@@ -15,26 +15,20 @@ says so.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
+from conftest import engine_python
 
 from calculator.enginebench import engine, report
 
 REQUIRE = os.environ.get("PDPLAN_REQUIRE_ENGINE") == "1"
 
 
-def _engine_python() -> str | None:
-    given = os.environ.get("PDPLAN_ENGINE_PYTHON")
-    if given:
-        return given
-    local = Path(__file__).resolve().parents[1] / ".engine-venv" / "bin" / "python"
-    return str(local) if local.exists() else None
 
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    python = _engine_python()
+    python = engine_python()
     if python is None or engine.check_engine(python) is None:
         msg = f"vLLM's CPU build is not importable by {python or '$PDPLAN_ENGINE_PYTHON'} (see the README)"
         if REQUIRE:

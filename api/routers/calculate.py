@@ -1,9 +1,9 @@
-"""The calculator: KV cache, estimate, plan, evaluate and sweep. Each route parses the body
+"""The calculator: KV cache, estimate, plan, evaluate, calibrate and sweep. Each route parses the body
 strictly, calls ``calculator.service`` and returns its model as JSON.
 
 KV cache and estimate are bounded, millisecond work and run on the event loop; plan, evaluate and
 sweep search, so they run through ``Runner`` (a worker thread, a deadline, stopped when the client
-disconnects). Responses are serialised by pydantic straight to JSON bytes: the response model is
+disconnects); so does calibrate, which evaluates every benchmark run per fit iteration. Responses are serialised by pydantic straight to JSON bytes: the response model is
 declared for the OpenAPI document, and the object returned is already of that model."""
 
 from __future__ import annotations
@@ -58,6 +58,12 @@ async def plan(request: Request) -> Response:
              summary="TTFT/TPOT percentiles and goodput of one deployment")
 async def evaluate(request: Request) -> Response:
     return _json(await _heavy(request, s.EvaluateRequest, s.run_evaluate))
+
+
+@router.post("/calibrate", response_model=s.CalibrateResponse, openapi_extra=body_openapi(s.CalibrateRequest),
+             summary="Fit a GPU's efficiencies to your own serving benchmarks (vLLM, SGLang, genai-perf results)")
+async def calibrate(request: Request) -> Response:
+    return _json(await _heavy(request, s.CalibrateRequest, s.run_calibrate))
 
 
 @router.post("/sweep", response_model=s.SweepResponse, openapi_extra=body_openapi(s.SweepRequest),

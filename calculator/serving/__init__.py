@@ -70,12 +70,16 @@ def in_steps(w: Workload, tokens_per_step: float) -> Workload:
 
 def evaluate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
              workload: Workload | Mapping[str, Any], slo: SLO | Mapping[str, Any] | None = None,
-             gpus: Sequence[GPUSpec | Mapping[str, Any]] | GPUSpec = ()) -> Evaluation:
+             gpus: Sequence[GPUSpec | Mapping[str, Any]] | GPUSpec = (),
+             calibration: Any = None) -> Evaluation:
     """TTFT/TPOT statistics, utilisation and goodput of a deployment at the workload's rate.
 
     ``deployment``, ``workload`` and ``slo`` are the models or mappings of their fields. ``gpus``
     are inline GPU specs (one or a list) for pool ids that are not in the database (or override
-    them). Invalid arguments raise ``InputError`` naming the argument path
+    them). ``calibration`` (an ``Efficiency``, a mapping of its fields or a calibration YAML from
+    ``pdplan validate`` or ``pdplan calibrate``) replaces the efficiencies of every pool's GPU; to
+    calibrate one pool of two GPU types, pass that GPU's calibrated spec in ``gpus`` instead.
+    Invalid arguments raise ``InputError`` naming the argument path
     (``deployment.prefill.tp``); a workload whose longest prompt and output exceed the model's
     context window is one.
     """
@@ -84,7 +88,7 @@ def evaluate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
     workload = as_model("workload", workload, Workload)
     slo = None if slo is None else as_model("slo", slo, SLO)
     check_context(m, workload)
-    pools = _pool_models(m, deployment, workload, gpus)
+    pools = _pool_models(m, deployment, workload, gpus, calibration)
     bad = next((pm for pm in pools if not pm.fits), None)
     if bad is not None:
         return Evaluation(mode=deployment.mode, stable=False, reason=bad.reason, utilisation=None,
@@ -122,12 +126,19 @@ def evaluate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
 
 
 def _pool_models(m: ModelSpec, d: Deployment, w: Workload,
-                 gpus: Sequence[GPUSpec | Mapping[str, Any]] | GPUSpec) -> list[PoolModel]:
-    """The deployment's PoolModels; ``gpus`` are inline GPU specs for pool ids not in the database."""
+                 gpus: Sequence[GPUSpec | Mapping[str, Any]] | GPUSpec, calibration: Any = None) -> list[PoolModel]:
+    """The deployment's PoolModels; ``gpus`` are inline GPU specs for pool ids not in the database, and
+    ``calibration`` replaces every pool GPU's efficiencies."""
     given = [] if isinstance(gpus, (list, tuple)) and not gpus else items("gpus", gpus, MAX_GPU_TYPES,
                                                                           (GPUSpec, Mapping))
     custom = {spec.id: spec for spec in (as_model(f"gpus.{i}", g, GPUSpec) for i, g in enumerate(given))}
     names = ("prefill", "decode") if d.mode == "disaggregated" else ("pool",)
+    if calibration is not None:
+        from ..calibration import apply_calibration
+
+        for name, p in zip(names, d.pools):
+            spec = custom.get(p.gpu) or gpu_spec(p.gpu, f"deployment.{name}.gpu")
+            custom[p.gpu] = apply_calibration(spec, calibration)
     return [_pool_model(m, name, p, w, custom) for name, p in zip(names, d.pools)]
 
 

@@ -12,7 +12,7 @@ import functools
 import math
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -130,6 +130,12 @@ class Deployment(BaseModel):
         "prompt while the KV moves: RDMA connectors such as NIXL or Mooncake) or 'blocking' (it is held until the "
         "request's KV is saved: a synchronous connector, e.g. vLLM's ExampleConnector writing to disk; the move "
         "is then prefill work, and counts once in TTFT)")
+
+    def to_launch(self, model: Any, engine: str, model_path: str | None = None, port: int = 8000) -> Any:
+        """This deployment of ``model`` as ``engine``'s commands (``calculator.launch.to_launch``)."""
+        from ..launch import to_launch
+
+        return to_launch(model, self, engine, model_path, port)
 
     @model_validator(mode="after")
     def _pools(self) -> Deployment:

@@ -1,0 +1,219 @@
+"""``to_launch``: a deployment as the commands that run it on a real engine, one per pool.
+
+vLLM (0.8+, its V1 engine; the flags of ``vllm serve`` in 0.32) and SGLang (``python -m
+sglang.launch_server``, with ``sglang_router`` in front of disaggregated pools). Each pool's command
+starts one instance; ``replicas`` says how many to run. What an engine cannot express is an
+``InputError`` naming the field and the reason, never a silent approximation:
+
+- vLLM V1 always schedules new prompts into the running decodes' step (pdplan's ``hybrid``): a
+  ``prefill_first`` deployment (vLLM V0's behaviour) has no V1 flag.
+- Weights quantised below 8 bits come from a pre-quantised checkpoint (AWQ, GPTQ, NVFP4, MXFP4),
+  which the command cannot create: the model path must name one, and the command says so.
+- SGLang has no context parallelism for ordinary attention; vLLM's is ``--prefill-context-parallel-size``.
+
+The vLLM command lines are checked by vLLM's own argument parser in the test suite (where the CPU
+build is installed), so a flag that vLLM renames fails there.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hardware_db.schema import ModelSpec
+
+from .arguments import choice, model_spec
+from .errors import InputError
+from .serving.base import Deployment, Pool
+
+Engine = Literal["vllm", "sglang"]
+ENGINES: tuple[Engine, ...] = ("vllm", "sglang")
+GPU_MEMORY_UTILISATION = 0.9
+"""The share of each GPU's memory the engine may use: pdplan's default for the KV budget too."""
+VLLM_KV_CONNECTOR = "NixlConnector"
+"""vLLM's RDMA KV connector (overlapped transfers: pdplan's ``kv_transfer="overlapped"``)."""
+SGLANG_TRANSFER_BACKEND = "mooncake"
+
+
+class PoolLaunch(BaseModel):
+    """One pool: the command of one instance, how many to run and on how many GPUs each."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Literal["serve", "prefill", "decode"]
+    replicas: int = Field(description="instances of this command to run (behind a load balancer or the router)")
+    gpus_per_replica: int
+    argv: tuple[str, ...] = Field(description="the command, one argument per item")
+    command: str = Field(description="the same, quoted for a POSIX shell")
+    port: int
+
+
+class Launch(BaseModel):
+    """A deployment as engine commands, and the router in front of disaggregated pools."""
+
+    model_config = ConfigDict(frozen=True)
+
+    engine: Engine
+    model: str
+    model_path: str
+    pools: tuple[PoolLaunch, ...]
+    router: tuple[str, ...] | None = Field(description="disaggregated: the router that sends each prompt to a "
+                                           "prefill instance and then its decode to a decode instance")
+    router_command: str | None = None
+    notes: tuple[str, ...] = ()
+
+
+def to_launch(model: str | ModelSpec, deployment: Deployment, engine: str, model_path: str | None = None,
+              port: int = 8000) -> Launch:
+    """The commands that run ``deployment`` of ``model`` on ``engine`` (``vllm`` or ``sglang``).
+
+    ``model_path`` is what the engine loads (a Hugging Face repo id or a local folder); by default the
+    model's ``hf_repo``. Each pool's instances listen on ``port`` (the prefill pool on ``port``, the
+    decode pool on ``port + 1``, the router on ``port + 2``) on their own hosts.
+    """
+    m = model_spec(model)
+    engine = choice("engine", engine, ENGINES)
+    if not isinstance(deployment, Deployment):
+        raise InputError("deployment", f"give a Deployment, got {type(deployment).__name__}")
+    path = model_path or m.hf_repo or m.id
+    notes: list[str] = []
+    build = _vllm if engine == "vllm" else _sglang
+    if deployment.mode == "disaggregated":
+        assert deployment.prefill is not None and deployment.decode is not None
+        pools = (build(m, path, deployment, deployment.prefill, "prefill", port, notes),
+                 build(m, path, deployment, deployment.decode, "decode", port + 1, notes))
+        router = _router(engine, port, notes)
+    else:
+        assert deployment.pool is not None
+        pools = (build(m, path, deployment, deployment.pool, "serve", port, notes),)
+        router = None
+        if deployment.pool.instances > 1:
+            notes.append(f"run {deployment.pool.instances} replicas behind a load balancer (least outstanding "
+                         "requests); each holds its own KV cache")
+    return Launch(engine=engine, model=m.id, model_path=path, pools=pools, router=router,
+                  router_command=None if router is None else shlex.join(router), notes=tuple(dict.fromkeys(notes)))
+
+
+def _weights(m: ModelSpec, pool: Pool, where: str, notes: list[str]) -> str | None:
+    """The on-the-fly quantisation flag value, None for the checkpoint's own precision."""
+    w = pool.weight_dtype
+    if w in ("bf16", "fp16", "fp32") or w == m.checkpoint_dtype:
+        return None
+    if w == "fp8":
+        return "fp8"
+    notes.append(f"{where}: {w} weights come from a pre-quantised checkpoint (AWQ/GPTQ for int4, NVFP4/MXFP4 for "
+                 "fp4): pass its path as the model; the engine reads the format from its config")
+    return None
+
+
+def _precision(m: ModelSpec, pool: Pool, where: str, notes: list[str], engine: str, fp8_kv: str) -> list[str]:
+    """The quantisation and KV-cache dtype flags (the same names in vLLM and SGLang; their fp8 KV value differs)."""
+    flags = []
+    q = _weights(m, pool, where, notes)
+    if q:
+        flags += ["--quantization", q]
+    if pool.kv_dtype == "fp8":
+        flags += ["--kv-cache-dtype", fp8_kv]
+    elif pool.kv_dtype not in ("bf16", "fp16"):
+        raise InputError(f"{where}.kv_dtype", f"{engine}'s KV cache is 16-bit or fp8, not {pool.kv_dtype}")
+    return flags
+
+
+def _vllm(m: ModelSpec, path: str, d: Deployment, pool: Pool, role: str, port: int, notes: list[str]) -> PoolLaunch:
+    where = f"deployment.{'pool' if role == 'serve' else role}"
+    if d.mode == "mixed" and d.scheduler == "prefill_first":
+        raise InputError("deployment.scheduler", "vLLM V1 puts new prompts into the running decodes' step (pdplan's "
+                         "'hybrid'); 'prefill_first' is vLLM V0's behaviour, which 0.8+ cannot be set to")
+    argv = ["vllm", "serve", path, "--port", str(port), "--tensor-parallel-size", str(pool.tp),
+            "--gpu-memory-utilization", str(GPU_MEMORY_UTILISATION), "--max-num-seqs", str(pool.max_batch)]
+    if pool.pp > 1:
+        argv += ["--pipeline-parallel-size", str(pool.pp)]
+    if pool.dp > 1:
+        argv += ["--data-parallel-size", str(pool.dp)]
+    if pool.ep > 1:
+        argv += ["--enable-expert-parallel"]  # vLLM spreads the experts over every GPU of the instance (dp x tp)
+    if pool.cp > 1:
+        argv += ["--prefill-context-parallel-size", str(pool.cp)]
+    argv += _precision(m, pool, where, notes, "vLLM", "fp8")
+    if d.mode == "chunked":
+        argv += ["--enable-chunked-prefill", "--max-num-batched-tokens", str(d.chunk_tokens)]
+    elif role == "decode":
+        argv += ["--max-num-batched-tokens", str(d.max_batched_tokens)]
+    else:  # hybrid steps with whole prompts: no chunking, the step's token budget
+        argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(d.max_batched_tokens)]
+    if pool.spec is not None:
+        argv += ["--speculative-config", json.dumps(_vllm_spec(pool, where), separators=(",", ":"))]
+    if role != "serve":
+        argv += ["--kv-transfer-config", json.dumps({"kv_connector": VLLM_KV_CONNECTOR, "kv_role": "kv_both"},
+                                                    separators=(",", ":"))]
+        if d.kv_transfer == "blocking":
+            notes.append("kv_transfer 'blocking' describes a synchronous connector; the command uses NIXL, which "
+                         "overlaps the move")
+    return PoolLaunch(role=role, replicas=pool.instances, gpus_per_replica=pool.num_gpus // pool.instances, argv=tuple(argv),  # type: ignore[arg-type]
+                      command=shlex.join(argv), port=port)
+
+
+def _vllm_spec(pool: Pool, where: str) -> dict[str, object]:
+    s = pool.spec
+    assert s is not None
+    if s.kind == "mtp":
+        return {"method": "mtp", "num_speculative_tokens": s.tokens}
+    if s.kind == "eagle":
+        raise InputError(f"{where}.spec", "vLLM's EAGLE needs the draft head's path (speculative_config.model), "
+                         "which pdplan does not know: add it to the printed --speculative-config")
+    return {"model": s.draft_model, "num_speculative_tokens": s.tokens}
+
+
+def _sglang(m: ModelSpec, path: str, d: Deployment, pool: Pool, role: str, port: int, notes: list[str]) -> PoolLaunch:
+    where = f"deployment.{'pool' if role == 'serve' else role}"
+    if pool.cp > 1:
+        raise InputError(f"{where}.cp", "SGLang has no context parallelism for this model's attention; plan "
+                         "without cp (cps=[]) for SGLang")
+    if d.mode == "mixed" and d.scheduler == "prefill_first":
+        raise InputError("deployment.scheduler", "SGLang puts new prompts into the running decodes' batch "
+                         "(pdplan's 'hybrid'); it has no 'prefill_first' setting")
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", path, "--host", "0.0.0.0", "--port", str(port),
+            "--tp-size", str(pool.tp * pool.dp), "--mem-fraction-static", str(GPU_MEMORY_UTILISATION - 0.05),
+            "--max-running-requests", str(pool.max_batch * pool.dp)]
+    if pool.pp > 1:
+        argv += ["--pp-size", str(pool.pp)]
+    if pool.dp > 1:  # SGLang's DP attention: tp-size counts every GPU, dp-size the attention ranks
+        argv += ["--dp-size", str(pool.dp), "--enable-dp-attention"]
+    if pool.ep > 1:
+        argv += ["--ep-size", str(pool.ep)]
+    argv += _precision(m, pool, where, notes, "SGLang", "fp8_e4m3")
+    chunk = d.chunk_tokens if d.mode == "chunked" else -1  # -1: whole prompts
+    argv += ["--chunked-prefill-size", str(chunk)]
+    if pool.spec is not None:
+        s = pool.spec
+        if s.kind == "eagle":
+            raise InputError(f"{where}.spec", "SGLang's EAGLE needs the draft head's path "
+                             "(--speculative-draft-model-path), which pdplan does not know")
+        argv += ["--speculative-algorithm", "NEXTN" if s.kind == "mtp" else "STANDALONE",
+                 "--speculative-num-steps", str(s.tokens), "--speculative-eagle-topk", "1",
+                 "--speculative-num-draft-tokens", str(s.tokens + 1)]
+        if s.kind == "draft":
+            argv += ["--speculative-draft-model-path", str(s.draft_model)]
+    if role != "serve":
+        argv += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", SGLANG_TRANSFER_BACKEND]
+    return PoolLaunch(role=role, replicas=pool.instances, gpus_per_replica=pool.num_gpus // pool.instances, argv=tuple(argv),  # type: ignore[arg-type]
+                      command=shlex.join(argv), port=port)
+
+
+def _router(engine: Engine, port: int, notes: list[str]) -> tuple[str, ...]:
+    prefill, decode = f"http://PREFILL_HOST:{port}", f"http://DECODE_HOST:{port + 1}"
+    notes.append("replace PREFILL_HOST and DECODE_HOST with the instances' addresses (one --prefill / --decode per "
+                 "instance)")
+    if engine == "sglang":
+        return ("python", "-m", "sglang_router.launch_router", "--pd-disaggregation", "--prefill", prefill,
+                "--decode", decode, "--host", "0.0.0.0", "--port", str(port + 2))
+    notes.append("vLLM ships no production router: run a prefill-then-decode proxy in front (NVIDIA Dynamo, llm-d, "
+                 "or vLLM's disaggregated proxy example); the one shown is vLLM's example")
+    return ("python", "disagg_proxy_server.py", "--prefiller-hosts", "PREFILL_HOST", "--prefiller-ports", str(port),
+            "--decoder-hosts", "DECODE_HOST", "--decoder-ports", str(port + 1), "--port", str(port + 2))
+
+
+__all__ = ["ENGINES", "Launch", "PoolLaunch", "to_launch"]
