@@ -31,7 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import InputError
-from .files import read_text_file
+from .files import json_lines, read_text_file
 
 MAX_BENCH_FILE_BYTES = 16 * 2**20
 """A result file larger than this is refused (vLLM's ``--save-detailed`` files hold every token's gap)."""
@@ -89,16 +89,7 @@ def parse_benchmark_text(text: str, name: str) -> list[BenchPoint]:
         return [_record(whole, name)]
     if isinstance(whole, list):
         return [_record(r, f"{name}: record {i + 1}") for i, r in enumerate(whole)]
-    out = []
-    for i, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError("files", f"{name}: line {i}, column {e.colno}: not JSON ({e.msg})") from None
-        out.append(_record(rec, f"{name}: line {i}"))
-    return out
+    return [_record(rec, f"{name}: line {i}") for i, rec in json_lines(text, name, "files")]
 
 
 def detect(rec: Mapping[str, Any]) -> Tool | None:

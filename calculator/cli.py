@@ -571,7 +571,12 @@ def _length(mean: int, cv: float) -> int | dict[str, float]:
 def _workload_and_slo(p: dict[str, Any], slo_required: bool = True) -> dict[str, Any]:
     """The ``workload`` and ``slo`` fields of a plan or evaluate request from the shared options."""
     workload = {"rate": p["rate"], "isl": _length(p["isl"], p["isl_cv"]), "osl": _length(p["osl"], p["osl_cv"]),
-                "prefix_hit": p["prefix_hit"]}
+                "prefix_hit": p["prefix_hit"], "arrival_cv": p["arrival_cv"]}
+    if p.get("trace") is not None:
+        from .traces import workload_from_trace
+
+        traced, _ = workload_from_trace(p["trace"], p["trace_format"])
+        workload = {**traced.model_dump(), "rate": p["rate"]}
     if not slo_required and p["ttft"] is None and p["tpot"] is None:
         return {"workload": workload, "slo": None}
     if p["ttft"] is None or p["tpot"] is None:
@@ -609,6 +614,11 @@ WORKLOAD_OPTIONS = tuple(inspect.Parameter(name, _KW, annotation=Annotated[kind,
     ("isl_cv", float, 0.0, "coefficient of variation of the prompt length"),
     ("osl_cv", float, 0.0, "coefficient of variation of the output length"),
     ("prefix_hit", float, 0.0, "fraction of the prompt in the prefix cache"),
+    ("arrival_cv", float, 1.0, "coefficient of variation of the inter-arrival times (1: Poisson, above: bursty)"),
+    ("trace", str | None, None, ("a request trace (Azure, Mooncake, BurstGPT or timestamp_s,isl,osl CSV): its "
+                                 "lengths, burstiness and prefix hits replace --isl/--osl/--arrival-cv/--prefix-hit; "
+                                 "--rate stays yours (pdplan trace FILE shows the trace's own)")),
+    ("trace_format", str, "auto", "auto, azure, mooncake, burstgpt or csv"),
     ("percentile", float, 90.0, "SLO percentile"),
     ("itl", str | None, None, "inter-token latency target (every gap), e.g. 200ms"),
     ("attainment", str, "per_metric", "per_metric, or joint: p% of requests meet TTFT and TPOT together"),
@@ -1084,6 +1094,39 @@ class _ProgressBar:
     def __exit__(self, *_exc: object) -> None:
         if self.shown:
             self.progress.stop()
+
+
+@app.command()
+def trace(
+    path: Annotated[Path, typer.Argument(help="the trace: Azure CSV, Mooncake JSONL, BurstGPT CSV or timestamp_s,isl,osl CSV")],
+    trace_format: Annotated[str, typer.Option(help="auto, azure, mooncake, burstgpt or csv")] = "auto",
+    start: Annotated[float | None, typer.Option(help="window start, seconds after the first arrival")] = None,
+    end: Annotated[float | None, typer.Option(help="window end, seconds after the first arrival")] = None,
+    cache_tokens: Annotated[int | None, typer.Option(help="prefix cache size for the hit ratio (traces with block "
+                                                          "hashes; default unbounded)")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A request trace's traffic: rate, burstiness (squared cv of the gaps: 1 is Poisson), lengths and prefix
+    hits; what --trace gives plan and evaluate."""
+    from .errors import InputError
+    from .traces import read_trace, trace_stats
+
+    if (start is None) != (end is None):
+        raise InputError("start" if start is None else "end", "a window needs --start and --end")
+    t = read_trace(path, trace_format, None if start is None else (start, end))  # type: ignore[arg-type]
+    st = trace_stats(t, cache_tokens)
+    if as_json:
+        _print_json(st)
+        return
+    out.print(pairs_table(f"{escape(st.source)} ({st.format})", [
+        ("requests", f"{st.requests:,}" + (f" ({st.skipped:,} failed left out)" if st.skipped else "")),
+        ("duration", f"{st.duration_s:,.1f} s"), ("rate", f"{st.rate_rps:,.3f} req/s"),
+        ("arrival burstiness (cv² of gaps)", f"{st.arrival_cv2:.2f} (1: Poisson)"),
+        ("prompt tokens", f"mean {st.isl_mean:,.0f}, cv {st.isl_cv:.2f}"),
+        ("output tokens", f"mean {st.osl_mean:,.0f}, cv {st.osl_cv:.2f}"),
+        *([("prefix-cache hits", f"{st.prefix_hit:.1%} of prompt tokens"
+            + (f" (cache {st.cache_tokens:,} tokens)" if st.cache_tokens else " (unbounded cache)"))]
+          if st.prefix_hit is not None else [])]))
 
 
 @app.command()

@@ -39,3 +39,18 @@ def read_text_file(path: str | os.PathLike[str], field: str, max_bytes: int) -> 
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise InputError(field, f"{p}: not UTF-8 text (invalid byte at offset {e.start})") from None
+
+
+def json_lines(text: str, name: str, field: str):  # type: ignore[no-untyped-def]
+    """(line number, value) of each non-blank line of a JSON-lines text; a line that is not JSON is an
+    ``InputError`` on ``field`` naming the file, the line and the column."""
+    import json
+
+    for i, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(field, f"{name}: line {i}, column {e.colno}: not JSON ({e.msg})") from None
+        yield i, value

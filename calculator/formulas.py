@@ -97,6 +97,7 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "lambda": ("\\lambda", "arrival rate at one queue", "1/s"),
     "E_S": ("E[S]", "mean service time", "s"),
     "c_s2": ("c^{2}_{s}", "squared coefficient of variation of the service time", "1"),
+    "c_a2": ("c^{2}_{a}", "squared coefficient of variation of the inter-arrival times (1: Poisson, above 1: bursty)", "1"),
     "c_srv": ("c", "servers sharing one queue", "servers"),
     "p": ("p", "percentile as a fraction", "1"),
     "W_q": ("W_{q}", "mean wait in queue", "s"),
@@ -785,18 +786,34 @@ wait_probability = Formula(
 )
 
 
-def _mean_queue_wait(E_S: Any, c_s2: Any, c_srv: Any, lambda_: Any) -> Any:
-    return (1/2)*E_S*(c_s2 + 1)*functools.reduce(numpy.minimum, [1, (E_S*lambda_/c_srv)**(numpy.sqrt(2*c_srv + 2) - 1)])/(c_srv*(-E_S*lambda_/c_srv + 1))
+def _mean_queue_wait(E_S: Any, c_a2: Any, c_s2: Any, c_srv: Any, lambda_: Any) -> Any:
+    return (1/2)*E_S*(c_a2 + c_s2)*functools.reduce(numpy.minimum, [1, (E_S*lambda_/c_srv)**(numpy.sqrt(2*c_srv + 2) - 1)])/(c_srv*(-E_S*lambda_/c_srv + 1))
 
 
 mean_queue_wait = Formula(
     name="mean_queue_wait",
     section="queueing and serving",
     unit="s",
-    doc="M/G/c mean wait (Allen-Cunneen); for c = 1 it is Pollaczek-Khinchine, lambda E[S^2] / (2 (1 - rho)).",
-    args=("E_S", "c_s2", "c_srv", "lambda"),
-    latex="\\frac{E[S] \\left(c^{2}_{s} + 1\\right) \\min\\left(1, \\left(\\frac{E[S] \\lambda}{c}\\right)^{\\sqrt{2 c + 2} - 1}\\right)}{2 c \\left(- \\frac{E[S] \\lambda}{c} + 1\\right)}",
+    doc="G/G/c mean wait (Allen-Cunneen): the M/M/c wait times (c_a^2 + c_s^2) / 2; for Poisson arrivals (c_a^2 = 1) and c = 1 it is Pollaczek-Khinchine, lambda E[S^2] / (2 (1 - rho)), and for c = 1 Kingman's G/G/1 formula.",
+    args=("E_S", "c_a2", "c_s2", "c_srv", "lambda"),
+    latex="\\frac{E[S] \\left(c^{2}_{a} + c^{2}_{s}\\right) \\min\\left(1, \\left(\\frac{E[S] \\lambda}{c}\\right)^{\\sqrt{2 c + 2} - 1}\\right)}{2 c \\left(- \\frac{E[S] \\lambda}{c} + 1\\right)}",
     fn=_mean_queue_wait,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _gamma_arrival_wait_probability(E_S: Any, P_w: Any, c_a2: Any, lambda_: Any) -> Any:
+    return (1 + c_a2*(1 - P_w)/(E_S*lambda_))**(-1/c_a2)
+
+
+gamma_arrival_wait_probability = Formula(
+    name="gamma_arrival_wait_probability",
+    section="queueing and serving",
+    unit="1",
+    doc="One step of the fixed point P_w = A*(mu (1 - P_w)) of the GI/M/1 queue (the probability that an arrival waits), A* the Laplace transform of Gamma inter-arrivals of squared cv c_a^2 and mean 1/lambda, mu = 1/E[S]; iterated from P_w = rho it converges to the least root. P_w = rho for Poisson arrivals; bursty arrivals (c_a^2 > 1) come in clusters, so more of them wait, each for less.",
+    args=("E_S", "P_w", "c_a2", "lambda"),
+    latex="\\left(1 + \\frac{c^{2}_{a} \\left(1 - P_{w}\\right)}{E[S] \\lambda}\\right)^{- \\frac{1}{c^{2}_{a}}}",
+    fn=_gamma_arrival_wait_probability,
     symbol_table=SYMBOL_TABLE,
 )
 
@@ -929,17 +946,17 @@ littles_law_batch = Formula(
 )
 
 
-def _tpot_stall_variance(E_X2: Any, E_inv_n: Any, TPOT: Any, lambda_: Any, rho_p: Any) -> Any:
-    return E_inv_n*E_X2*TPOT*lambda_/(1 - rho_p)**2
+def _tpot_stall_variance(E_X2: Any, E_inv_n: Any, TPOT: Any, c_a2: Any, lambda_: Any, rho_p: Any) -> Any:
+    return E_inv_n*E_X2*TPOT*lambda_*c_a2/(1 - rho_p)**2
 
 
 tpot_stall_variance = Formula(
     name="tpot_stall_variance",
     section="queueing and serving",
     unit="s^2",
-    doc="Variance of a request's TPOT from the prompts that land in its lifetime: compound Poisson (lambda n TPOT stalls of second moment E[X^2]) over n tokens, amplified by 1/(1 - rho) because every stall lengthens the lifetime in which further prompts arrive. A prompt's stall X counts its own step time and the decode time its sequence adds to the batch for the rest of the lifetime; rho = lambda E[X].",
-    args=("E_X2", "E_inv_n", "TPOT", "lambda", "rho_p"),
-    latex="\\frac{E[1/n] E[X^{2]} TPOT \\lambda}{\\left(1 - \\rho_{p}\\right)^{2}}",
+    doc="Variance of a request's TPOT from the prompts that land in its lifetime: compound Poisson (lambda n TPOT stalls of second moment E[X^2]) over n tokens, times the arrivals' index of dispersion (c_a^2 for a renewal process over a lifetime of many gaps), amplified by 1/(1 - rho) because every stall lengthens the lifetime in which further prompts arrive. A prompt's stall X counts its own step time and the decode time its sequence adds to the batch for the rest of the lifetime; rho = lambda E[X].",
+    args=("E_X2", "E_inv_n", "TPOT", "c_a2", "lambda", "rho_p"),
+    latex="\\frac{E[1/n] E[X^{2]} TPOT \\lambda c^{2}_{a}}{\\left(1 - \\rho_{p}\\right)^{2}}",
     fn=_tpot_stall_variance,
     symbol_table=SYMBOL_TABLE,
 )
@@ -961,17 +978,17 @@ tpot_batch_variance = Formula(
 )
 
 
-def _busy_batch_rise(S_w: Any, c_s2: Any, lambda_: Any, rho_b: Any) -> Any:
-    return (1/2)*S_w*lambda_*(c_s2 + 1)/(1 - rho_b)**2
+def _busy_batch_rise(S_w: Any, c_a2: Any, c_s2: Any, lambda_: Any, rho_b: Any) -> Any:
+    return (1/2)*S_w*lambda_*(c_a2 + c_s2)/(1 - rho_b)**2
 
 
 busy_batch_rise = Formula(
     name="busy_batch_rise",
     section="queueing and serving",
     unit="sequences",
-    doc="How much higher the decode batch runs while prompts are queued: the length-biased M/G/1 busy period E[S^2] / (E[S] (1 - rho)^2) times lambda, halved (the batch grows through it, as prompts finish and lifetimes stretch).",
-    args=("S_w", "c_s2", "lambda", "rho_b"),
-    latex="\\frac{S_{w} \\lambda \\left(c^{2}_{s} + 1\\right)}{2 \\left(1 - \\rho_{b}\\right)^{2}}",
+    doc="How much higher the decode batch runs while prompts are queued: the length-biased M/G/1 busy period E[S^2] / (E[S] (1 - rho)^2) times lambda, halved (the batch grows through it, as prompts finish and lifetimes stretch); with (c_a^2 + c_s^2) / 2 in place of (1 + c_s^2) / 2 for bursty arrivals.",
+    args=("S_w", "c_a2", "c_s2", "lambda", "rho_b"),
+    latex="\\frac{S_{w} \\lambda \\left(c^{2}_{a} + c^{2}_{s}\\right)}{2 \\left(1 - \\rho_{b}\\right)^{2}}",
     fn=_busy_batch_rise,
     symbol_table=SYMBOL_TABLE,
 )
@@ -1117,6 +1134,7 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     server_utilisation,
     wait_probability,
     mean_queue_wait,
+    gamma_arrival_wait_probability,
     wait_percentile,
     wait_cv2_mg1,
     residual_cv2,

@@ -385,6 +385,8 @@ max_batch = _formula(
 lam = _sym("lambda", "arrival rate at one queue", "1/s", r"\lambda")
 ES = _sym("E_S", "mean service time", "s", r"E[S]")
 cs2 = _sym("c_s2", "squared coefficient of variation of the service time", "1", r"c_s^2")
+ca2 = _sym("c_a2", "squared coefficient of variation of the inter-arrival times (1: Poisson, above 1: bursty)", "1",
+           r"c_a^2")
 n_srv = _sym("c_srv", "servers sharing one queue", "servers", "c")
 p_q = _sym("p", "percentile as a fraction", "1")
 Wq = _sym("W_q", "mean wait in queue", "s", "W_{q}")
@@ -402,9 +404,19 @@ wait_probability = _formula(
 )
 mean_queue_wait = _formula(
     "mean_queue_wait",
-    wait_probability.expr / (n_srv * (1 - lam * ES / n_srv)) * ES * (1 + cs2) / 2,
+    wait_probability.expr / (n_srv * (1 - lam * ES / n_srv)) * ES * (ca2 + cs2) / 2,
     "s",
-    "M/G/c mean wait (Allen-Cunneen); for c = 1 it is Pollaczek-Khinchine, lambda E[S^2] / (2 (1 - rho)).",
+    "G/G/c mean wait (Allen-Cunneen): the M/M/c wait times (c_a^2 + c_s^2) / 2; for Poisson arrivals (c_a^2 = 1) "
+    "and c = 1 it is Pollaczek-Khinchine, lambda E[S^2] / (2 (1 - rho)), and for c = 1 Kingman's G/G/1 formula.",
+)
+gamma_arrival_wait_probability = _formula(
+    "gamma_arrival_wait_probability",
+    (1 + (1 - Pw) * ca2 / (lam * ES)) ** (-1 / ca2),
+    "1",
+    "One step of the fixed point P_w = A*(mu (1 - P_w)) of the GI/M/1 queue (the probability that an "
+    "arrival waits), A* the Laplace transform of Gamma inter-arrivals of squared cv c_a^2 and mean 1/lambda, "
+    "mu = 1/E[S]; iterated from P_w = rho it converges to the least root. P_w = rho for Poisson arrivals; "
+    "bursty arrivals (c_a^2 > 1) come in clusters, so more of them wait, each for less.",
 )
 wait_percentile = _formula(
     "wait_percentile",
@@ -475,10 +487,11 @@ var_sym = _sym("V_T", "variance of a request's TPOT", "s^2", "V_{T}")
 z_q = _sym("z", "standard normal quantile of the percentile", "1")
 tpot_stall_variance = _formula(
     "tpot_stall_variance",
-    lam * tpot_sym * X2 * inv_n / (1 - rho_p) ** 2,
+    ca2 * lam * tpot_sym * X2 * inv_n / (1 - rho_p) ** 2,
     "s^2",
     "Variance of a request's TPOT from the prompts that land in its lifetime: compound Poisson "
-    "(lambda n TPOT stalls of second moment E[X^2]) over n tokens, amplified by 1/(1 - rho) because every "
+    "(lambda n TPOT stalls of second moment E[X^2]) over n tokens, times the arrivals' index of dispersion "
+    "(c_a^2 for a renewal process over a lifetime of many gaps), amplified by 1/(1 - rho) because every "
     "stall lengthens the lifetime in which further prompts arrive. A prompt's stall X counts its own step "
     "time and the decode time its sequence adds to the batch for the rest of the lifetime; rho = lambda E[X].",
 )
@@ -494,11 +507,11 @@ t_b = _sym("t_b", "mean duration of a step that carries prompt work", "s", "t_{b
 S_w = _sym("S_w", "time one prompt keeps the prompt queue busy", "s", "S_{w}")
 busy_batch_rise = _formula(
     "busy_batch_rise",
-    lam * S_w * (1 + cs2) / (1 - rho_b) ** 2 / 2,
+    lam * S_w * (ca2 + cs2) / (1 - rho_b) ** 2 / 2,
     "sequences",
     "How much higher the decode batch runs while prompts are queued: the length-biased M/G/1 busy "
     "period E[S^2] / (E[S] (1 - rho)^2) times lambda, halved (the batch grows through it, as prompts "
-    "finish and lifetimes stretch).",
+    "finish and lifetimes stretch); with (c_a^2 + c_s^2) / 2 in place of (1 + c_s^2) / 2 for bursty arrivals.",
 )
 dB_sym = _sym("Delta_B", "rise of the decode batch while prompts are queued", "sequences", r"\Delta B")
 token_weighted_tpot = _formula(

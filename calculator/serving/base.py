@@ -474,22 +474,28 @@ def erlang_c(offered, servers) -> np.ndarray:
         return np.where(rho < 1, np.where(few, exact, approx), 1.0)
 
 
-def queue_wait(rate, service: PrefillService, servers, p: float, batched=False) -> tuple[np.ndarray, np.ndarray]:
-    """(mean wait, p-quantile of the wait) of an M/G/c queue; inf when rho >= 1. ``batched``: queued
-    prompts share a step with those that arrive while they wait (the wait stretches by 1 + rho)."""
+def queue_wait(rate, service: PrefillService, servers, p: float, batched=False,
+               ca2: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """(mean wait, p-quantile of the wait) of a G/G/c queue (``ca2``: the arrivals' squared cv, 1 for
+    Poisson); inf when rho >= 1. ``batched``: queued prompts share a step with those that arrive while
+    they wait (the wait stretches by 1 + rho)."""
     rate = np.asarray(rate, dtype=float)
-    args = {"lambda": rate, "E_S": service.mean_s, "c_s2": service.cs2, "c_srv": servers}
+    args = {"lambda": rate, "E_S": service.mean_s, "c_s2": service.cs2, "c_srv": servers, "c_a2": ca2}
     rho = f.server_utilisation(args)
     # Allen-Cunneen's wait with the exact Erlang-C P_w in place of Sakasegawa's (which overstates it
     # for a few servers at light load: 0.16 against 0.12 for c = 2 at rho 0.28)
     approx = np.maximum(np.asarray(f.wait_probability(args), dtype=float), 1e-300)
     pw = erlang_c(rate * service.mean_s, servers)
     wq = np.where(rho < 1, f.mean_queue_wait(args) * pw / approx, np.inf) * np.where(batched, 1 + rho, 1.0)
+    if ca2 > 0 and abs(ca2 - 1.0) > 1e-12:
+        # bursty arrivals: more of them wait (GI/M/1's P_w on one server, the c servers' Erlang C scaled as it)
+        pw = np.minimum(pw * gamma_arrival_wait_probability(rho, ca2) / np.maximum(rho, 1e-12), 1.0)
     wp = np.where(rho < 1, f.wait_percentile(W_q=np.where(rho < 1, wq, 0), P_w=np.maximum(pw, 1e-300), p=p), np.inf)
     return wq, wp
 
 
-def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=None) -> tuple[np.ndarray, np.ndarray]:
+def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=None,
+              ca2: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """(mean, p-quantile) of a prompt's wait for its own step on an instance that also decodes.
 
     An arrival finds a prompt step running with probability P_w (it then waits as in M/G/1), else a
@@ -500,19 +506,23 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
     ``batched`` (a bool array): prompts that queued are served in one step with those that arrived
     while they waited, which stretches a waiting prompt's time by (1 + rho) on average. ``busy_s``:
     how long one prompt keeps the queue busy when that exceeds its work (chunked: a prompt's last,
-    part-filled step), which sets P_w = lambda busy_s.
+    part-filled step), which sets P_w = lambda busy_s. ``ca2``: the arrivals' squared cv (Kingman's
+    G/G/1 mean wait; 1 for Poisson).
     """
     rate = np.asarray(rate, dtype=float)
-    args = {"lambda": rate, "E_S": service.mean_s, "c_s2": service.cs2, "c_srv": 1}
+    args = {"lambda": rate, "E_S": service.mean_s, "c_s2": service.cs2, "c_srv": 1, "c_a2": ca2}
     rho = f.server_utilisation(args)
     ok = rho < 1
     wq = np.where(ok, f.mean_queue_wait(args), np.inf) * np.where(batched, 1 + rho, 1.0)
     pw = np.clip(np.asarray(f.wait_probability(args), dtype=float), 1e-12, 1.0)
+    if ca2 > 0 and abs(ca2 - 1.0) > 1e-12:  # bursty (or smooth) arrivals: GI/M/1's P_w, Kingman's mean
+        pw = gamma_arrival_wait_probability(rate * service.mean_s, ca2)
     theta = np.where(ok, wq / pw, 1.0)
     # the shape of a positive wait: nearly uniform (the rest of one prompt) at light load with prompts
     # of one length, exponential at heavy load or with exponential prompts
-    cv2 = np.where(ok, f.wait_cv2_mg1({**args, "W_q": np.where(ok & (wq > 0), wq / np.where(batched, 1 + rho, 1.0),
-                                                                1.0)}), 1.0)
+    # (the shape from the Poisson wait: Takacs' moments are M/G/1's)
+    wq_poisson = np.where(ok, f.mean_queue_wait({**args, "c_a2": 1.0}), 1.0)
+    cv2 = np.where(ok, f.wait_cv2_mg1({**args, "W_q": np.where(ok & (wq > 0), wq_poisson, 1.0)}), 1.0)
     if busy_s is not None:
         # chunked prompts that hold the queue beyond their work: a queued one starts in its
         # predecessor's last, part-filled step, so its wait is not the rest of one prompt (exponential)
@@ -522,6 +532,21 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
     t_d = np.maximum(np.asarray(step_s, dtype=float), 1e-12)
     mean = (1 - pw) * t_d / 2 + wq
     return np.where(ok, mean, np.inf), np.where(ok, mixture_quantile(pw, theta, t_d, p, cv2), np.inf)
+
+
+GI_M_1_ITERATIONS = 60
+
+
+def gamma_arrival_wait_probability(rho, ca2: float) -> np.ndarray:
+    """P(an arrival waits) in the GI/M/1 queue with Gamma inter-arrivals of squared cv ``ca2`` at utilisation
+    ``rho``: the least root of ``gamma_arrival_wait_probability``'s fixed point, iterated from rho (the map
+    is increasing and contracting on [0, 1)); rho itself for Poisson arrivals."""
+    rho = np.clip(np.asarray(rho, dtype=float), 1e-12, 1 - 1e-12)
+    pw = rho.copy()
+    for _ in range(GI_M_1_ITERATIONS):
+        pw = np.asarray(f.gamma_arrival_wait_probability({"P_w": pw, "c_a2": ca2, "lambda": rho, "E_S": 1.0}),
+                        dtype=float)
+    return np.clip(pw, 1e-12, 1.0)
 
 
 def excess_sum(e1, e2) -> np.ndarray:
@@ -616,6 +641,7 @@ def tpot_tail(tpot_mean, rho, lam, x_mean, x_cv2: float, w: Workload, slope, bat
     x_eff = x_mean + slope * w.osl.mean / 2
     rho_eff = np.minimum(lam * x_eff, 0.999)
     stalls = f.tpot_stall_variance(**{"lambda": lam, "TPOT": tpot_mean, "E_X2": x_eff**2 + x_mean**2 * x_cv2,
+                                      "c_a2": w.arrival_cv**2,
                                       "E_inv_n": inverse_osl(w), "rho_p": rho_eff})
     var = stalls + f.tpot_batch_variance(t_slope=slope, B=batch, rho_p=rho)
     finite = np.isfinite(tpot_mean) & np.isfinite(var)
@@ -663,7 +689,8 @@ class SlotQueue:
     and under-predicts waits near the cap by about half. The occupancy is product form,
     pi(n) ~ prod_k lambda hold(k) / k, with a geometric queue beyond c at ratio r = lambda hold_full
     / c; an arrival waits with P_w = P(N >= c), then an exponential time of mean
-    (1 + c_s^2) / 2 / (c / hold_full - lambda) (Allen-Cunneen's factor for less variable holds).
+    (c_a^2 + c_s^2) / 2 / (c / hold_full - lambda) (Allen-Cunneen's factor: less variable holds, and
+    ``ca2`` for arrivals burstier than Poisson).
     A fractional c (the KV memory holds c sequences of the mean length) interpolates between its
     two neighbouring integers.
     """
@@ -679,7 +706,7 @@ class SlotQueue:
         return np.where(ok, q, np.inf)
 
     @classmethod
-    def of(cls, lam, batch, limit, hold_s, hold_cs2, hold_slope_s=0.0, hold_full_s=None) -> SlotQueue:
+    def of(cls, lam, batch, limit, hold_s, hold_cs2, hold_slope_s=0.0, hold_full_s=None, ca2: float = 1.0) -> SlotQueue:
         arrays = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (
             lam, batch, limit, hold_s, hold_cs2, hold_slope_s, hold_s if hold_full_s is None else hold_full_s)))
         lam, batch, c, hold, cs2, slope, full = (a.reshape(-1) for a in arrays)
@@ -692,7 +719,7 @@ class SlotQueue:
         rho_full = np.where(finite, lam * full / c, 0.0)
         live = stable & (rho_full ** (np.sqrt(2 * (c + 1)) - 1) > 1e-7)
         pw = np.zeros_like(lam)
-        theta = np.where(stable, (1 + cs2) / 2 / np.maximum(c / np.where(finite, full, 1.0) - lam, 1e-300), np.inf)
+        theta = np.where(stable, (ca2 + cs2) / 2 / np.maximum(c / np.where(finite, full, 1.0) - lam, 1e-300), np.inf)
         if live.any():
             pw[live] = _slot_wait_probability(lam[live], batch[live], c[live], hold[live], slope[live], full[live])
         wq = np.where(stable, pw * theta, np.inf)

@@ -89,7 +89,8 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     room_g = np.maximum(pieces[:, None, None] - grid[None, None, :], 1.0)
     work_g, t_b_g = _busy_steps(whole[:, None, None], isl_new, room_g, s_g, tab["full"][:, None, :])
     seen_g = seen(grid, tab["decode_only"])[:, None, :]  # the step a decoding request sees: t_d(B + 1)
-    tpot_grid = busy_tpot(lam3, grid[None, None, :], seen_g, lam3 * (s_g - k_g * t_d_g), work_g, t_b_g, cv2)
+    ca2 = w.arrival_cv**2
+    tpot_grid = busy_tpot(lam3, grid[None, None, :], seen_g, lam3 * (s_g - k_g * t_d_g), work_g, t_b_g, cv2, ca2)
     batch = first_root(grid, grid[None, None, :] - lam3 * w.osl.mean * tpot_grid)
     b_cap = np.minimum(batch, limit)
 
@@ -102,7 +103,7 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     wh = whole[:, None]
     work_s, t_b = _busy_steps(wh, isl_new, room, s_mean, t_full)
     slope = interp_rows(grid, tab["decode_only"], b_cap + 1) - t_d
-    tpot = busy_tpot(lam, b_cap, t_d + slope, rho_x, work_s, t_b, cv2)
+    tpot = busy_tpot(lam, b_cap, t_d + slope, rho_x, work_s, t_b, cv2, ca2)
     # whole prompts: one step each, queued ones share a step when the budget holds two; chunked: C - B
     # tokens a step (two prompts that fit a step batch like whole ones), and a prompt that queued
     # starts in its predecessor's last step (half a step on average)
@@ -134,14 +135,14 @@ def _busy_steps(whole, isl_new: float, room, s, t_full) -> tuple[np.ndarray, np.
     return np.where(fits, s, isl_new / room * t_full), np.where(fits, s, t_full)
 
 
-def busy_tpot(lam, batch, t_d, rho_x, work_s, t_b, cv2: float) -> np.ndarray:
+def busy_tpot(lam, batch, t_d, rho_x, work_s, t_b, cv2: float, ca2: float = 1.0) -> np.ndarray:
     """Mean TPOT as requests see it (``token_weighted_tpot``): the prompt queue is busy a share
-    rho_b = lambda S_w of the time, and while it is the batch runs ``busy_batch_rise`` higher; inf
-    where the prompts or their stalls saturate the instance."""
+    rho_b = lambda S_w of the time, and while it is the batch runs ``busy_batch_rise`` higher (more so
+    for bursty arrivals, ``ca2`` > 1); inf where the prompts or their stalls saturate the instance."""
     rho_b = lam * work_s
     ok = (rho_b < 1) & (rho_x < 1)
     rho_b = np.where(ok, rho_b, 0.0)
-    rise = f.busy_batch_rise(**{"lambda": lam, "S_w": work_s, "c_s2": cv2, "rho_b": rho_b})
+    rise = f.busy_batch_rise(**{"lambda": lam, "S_w": work_s, "c_s2": cv2, "rho_b": rho_b, "c_a2": ca2})
     rise = np.minimum(np.where(ok, rise, 0.0), batch)
     tpot = f.token_weighted_tpot(B=np.maximum(batch, 1e-9), Delta_B=rise, rho_b=rho_b, t_b=t_b, t_d=t_d)
     return np.where(ok, tpot, np.inf)
@@ -176,7 +177,7 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     life = w.osl.mean * tpot
     service = PrefillService(work_s, work_s**2 * (1 + cv2), s_q)  # type: ignore[arg-type]
     busy = None if queued_s is None else s_mean
-    wq, wp = step_wait(lam, service, t_d, p, batched, busy)
+    wq, wp = step_wait(lam, service, t_d, p, batched, busy, ca2=w.arrival_cv**2)
     own_mean, own_p = s_mean, s_q
     if queued_s is not None:
         pw = np.clip(lam * s_mean, 0.0, 1.0)
@@ -185,7 +186,7 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     hold = life + own_mean  # a slot is held from the prompt's first step to its last token
     life_cv2 = np.where(np.isfinite(tpot_var) & (tpot > 0), tpot_var / np.maximum(tpot, 1e-12) ** 2, 0.0)
     slots = SlotQueue.of(lam, batch, limit, hold, w.osl.cv**2 + life_cv2, w.osl.mean * slope,
-                         own_mean + w.osl.mean * tpot_full)
+                         own_mean + w.osl.mean * tpot_full, ca2=w.arrival_cv**2)
     aq, ap = slots.mean_s, slots.quantile_s(p)
     ttft_mean = wq + aq + own_mean
     ttft_p = wp + ap + own_p
@@ -200,7 +201,7 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     if joint:
         rows = []
         for q in ATTAINMENT_LEVELS:
-            _, wq_q = step_wait(lam, service, t_d, float(q), batched, busy)
+            _, wq_q = step_wait(lam, service, t_d, float(q), batched, busy, ca2=w.arrival_cv**2)
             ap_q = slots.quantile_s(float(q))
             row = wq_q + ap_q + prompt_s(float(q))
             if shared_steps is not None and shared_steps.any():

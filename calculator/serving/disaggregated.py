@@ -39,6 +39,7 @@ from .base import (
     erlang_c,
     excess_sum,
     first_root,
+    gamma_arrival_wait_probability,
     queue_wait,
     tpot_tail,
     z_score,
@@ -141,7 +142,7 @@ def prefill_wait(pre: PoolModel, w: Workload, lam_total, servers, budget_tokens:
     one = PrefillService.of(pre, w, float(levels[0]))
     per_prompt = step / b
     service = PrefillService(per_prompt, one.second_moment_s2 * (per_prompt / one.mean_s) ** 2, one.quantile_s)  # type: ignore[arg-type]
-    waits = [queue_wait(lam_total, service, c, float(q)) for q in levels]
+    waits = [queue_wait(lam_total, service, c, float(q), ca2=w.arrival_cv**2) for q in levels]
     fifo_mean = waits[0][0] + step
     fifo_q = np.stack([wp for _, wp in waits], axis=-1) + step[..., None]
     if bulk_share == 0:
@@ -186,6 +187,13 @@ def _bulk_wait(pre: PoolModel, w: Workload, lam, c, budget_tokens: int, levels, 
     weights = np.stack([p1 * t1, (1 - p1) * t1, (1 - p1) * y_mean]) / (p1 * t1 + (1 - p1) * (t1 + y_mean))
     lb_mean = t1 + (weights[1] * y_mean + weights[2] * (k + 1) * theta)
     p_busy = np.where(stable, erlang_c(lam * c * step / b, c), 1.0)
+    ca2 = w.arrival_cv**2
+    if abs(ca2 - 1.0) > 1e-12 and ca2 > 0:
+        # bursty arrivals find the pool busy more often (GI/M/1's P_w, relative to Poisson's), and more of
+        # them queue behind it (Allen-Cunneen's (c_a^2 + 1) / 2 on the prompts that join a step)
+        rho_c = np.minimum(busy, 1 - 1e-9)
+        p_busy = np.minimum(p_busy * gamma_arrival_wait_probability(rho_c, ca2) / np.maximum(rho_c, 1e-12), 1.0)
+        m = m * (ca2 + 1) / 2
     mean = t1 + p_busy * lb_mean * (0.5 + m) / c
     r = 1 - (1 - levels[..., :]) / np.maximum(p_busy[..., None], 1e-12)  # level within the waiting arrivals
     waiting = r > 0
@@ -259,7 +267,10 @@ def _decode_side(dec: PoolModel, w: Workload, lam_d: np.ndarray, p: float) -> tu
     tpot_var, tpot_p = tpot_tail(tpot, zero, lam_d, zero, 0.0, w, slope, b_cap, p)
     tpot_p = np.minimum(tpot_p, np.maximum(tpot_full, tpot))
     life = w.osl.mean * tpot
-    slots = SlotQueue.of(lam_d, batch, limit, life, w.osl.cv**2, w.osl.mean * slope, w.osl.mean * tpot_full)
+    # the decode pool's arrivals are the prefill pool's departures, no burstier than the arrivals (taken as
+    # bursty as them: an upper bound)
+    slots = SlotQueue.of(lam_d, batch, limit, life, w.osl.cv**2, w.osl.mean * slope, w.osl.mean * tpot_full,
+                         ca2=w.arrival_cv**2)
     aq, ap = slots.mean_s, slots.quantile_s(p)
     out = (batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap, slots)
     if len(dec._cache) < 4096:

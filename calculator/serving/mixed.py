@@ -54,12 +54,13 @@ def prefill_first(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float, 
     grid, table = pm.decode_table(ctx, limit)
     cv2 = sp_.cs2
     lam2 = lam[:, None]
-    tpot_grid = busy_tpot(lam2, grid[None, :], seen(grid, table)[None, :], lam2 * sp_.mean_s, sp_.mean_s, np.inf, cv2)
+    tpot_grid = busy_tpot(lam2, grid[None, :], seen(grid, table)[None, :], lam2 * sp_.mean_s, sp_.mean_s, np.inf, cv2,
+                          w.arrival_cv**2)
     batch = first_root(grid, grid[None, :] - lam2 * w.osl.mean * tpot_grid)
     b_cap = np.minimum(batch, limit)
     t_d = decode_step_at(pm, ctx, limit, b_cap)
     slope = decode_step_at(pm, ctx, limit, b_cap + 1) - t_d
-    tpot = busy_tpot(lam, b_cap, t_d + slope, rho_p, sp_.mean_s, np.inf, cv2)
+    tpot = busy_tpot(lam, b_cap, t_d + slope, rho_p, sp_.mean_s, np.inf, cv2, w.arrival_cv**2)
     a = single_pool_arrays(
         pm, w, lam[None], p, batch[None], np.array([[limit]]), t_d[None], tpot[None], rho_p[None], rho_p[None],
         np.full((1, lam.size), sp_.mean_s), np.full((1, lam.size), sp_.mean_s), np.full((1, lam.size), sp_.mean_s),

@@ -374,7 +374,9 @@ class Requests:
     def draw(cls, w: Workload, rate: float, measured_requests: int, seed: int) -> Requests:
         rng = np.random.default_rng(seed)
         n = int(measured_requests * (1 + WARMUP_SHARE + EXTRA_ARRIVALS))
-        arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
+        ca2 = w.arrival_cv**2  # Gamma inter-arrivals of that squared cv (1: exponential, Poisson; 0: even)
+        gaps = np.full(n, 1.0 / rate) if ca2 == 0 else rng.gamma(1.0 / ca2, ca2 / rate, n)
+        arrivals = np.cumsum(gaps)
         isl = w.isl.sample(rng, n)
         osl = w.osl.sample(rng, n)
         cached = np.round(isl * w.prefix_hit).astype(np.int64)

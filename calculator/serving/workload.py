@@ -12,6 +12,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 from ..limits import MAX_SAMPLES, MAX_TOKENS
 
 QUADRATURE_POINTS = 16
+MAX_ARRIVAL_CV = 10.0
+"""Bound on the arrivals' coefficient of variation (BurstGPT's and the Azure traces' are 1-5)."""
 MAX_GIVEN_CV = 10.0
 """Bound on a coefficient of variation given with a mean (one derived from samples is not bounded)."""
 
@@ -138,7 +140,8 @@ class Length(BaseModel):
 
 
 class Workload(BaseModel):
-    """Poisson arrivals at ``rate`` requests/s with prompt (isl) and output (osl) length distributions."""
+    """Arrivals at ``rate`` requests/s (Poisson, or burstier with ``arrival_cv`` > 1) with prompt (isl) and output
+    (osl) length distributions."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -146,8 +149,20 @@ class Workload(BaseModel):
     isl: Length = Field(description="prompt tokens: a number, {mean, cv}, {samples} or a list of samples")
     osl: Length = Field(description="output tokens: a number, {mean, cv}, {samples} or a list of samples")
     prefix_hit: Number = Field(default=0.0, ge=0, lt=1, description="fraction of the prompt served from the prefix cache")
+    arrival_cv: Number = Field(default=1.0, ge=0, le=MAX_ARRIVAL_CV, description="coefficient of variation of the "
+                               "inter-arrival times: 1 is Poisson, above 1 bursty (Gamma inter-arrivals), 0 evenly spaced")
 
-    @field_validator("rate", "prefix_hit")
+    @classmethod
+    def from_trace(cls, path: Any, format: str = "auto", window: tuple[float, float] | None = None,
+                   cache_tokens: int | None = None, rate_scale: float = 1.0) -> Workload:
+        """The workload of a request trace (Azure, Mooncake, BurstGPT or ``timestamp_s,isl,osl`` CSV): its mean
+        rate (times ``rate_scale``), its lengths as samples, its burstiness and, for traces with block hashes,
+        the prefix-hit ratio of a cache of ``cache_tokens`` (``calculator.traces``)."""
+        from ..traces import workload_from_trace
+
+        return workload_from_trace(path, format, window, cache_tokens, rate_scale)[0]  # type: ignore[arg-type]
+
+    @field_validator("rate", "prefix_hit", "arrival_cv")
     @classmethod
     def _finite(cls, v: float) -> float:
         if not math.isfinite(v):
