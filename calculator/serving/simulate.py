@@ -385,25 +385,42 @@ class Requests:
         measured[warm:warm + measured_requests] = True
         return cls(arrivals, isl, osl, cached, measured)
 
+    @classmethod
+    def of_trace(cls, arrival_s: np.ndarray, isl: np.ndarray, osl: np.ndarray, prefix_hit: float) -> Requests:
+        """A trace's requests as they came (the first WARMUP_SHARE not measured)."""
+        isl = np.asarray(isl, dtype=np.int64)
+        measured = np.zeros(isl.size, dtype=bool)
+        measured[int(isl.size * WARMUP_SHARE):] = True
+        return cls(np.asarray(arrival_s, dtype=float), isl, np.asarray(osl, dtype=np.int64),
+                   np.round(isl * prefix_hit).astype(np.int64), measured)
+
+    def share(self, instances: int, seed: int) -> Requests:
+        """The requests one of ``instances`` instances gets from a router that spreads them at random."""
+        if instances == 1:
+            return self
+        mine = np.random.default_rng(seed + 2).random(self.arrivals.size) < 1.0 / instances
+        return Requests(self.arrivals[mine], self.isl[mine], self.osl[mine], self.cached[mine], self.measured[mine])
+
 
 def run_deployment(model: ModelSpec, d: Deployment, w: Workload, pools: Sequence[PoolModel], requests: int = 3000,
-                   seed: int = 0) -> Trace:
+                   seed: int = 0, replay: Requests | None = None) -> Trace:
     """Simulate the deployment's busiest view (one mixed/chunked instance, or the prefill pool and one
-    decode instance) at the workload's rate."""
+    decode instance) at the workload's rate, or on the requests of ``replay`` (a trace: a mixed/chunked
+    instance gets a seeded random 1/k of them, as a router spreading them over k instances)."""
     from ..kv_cache import kv_cache_bytes
     from .disaggregated import kv_move_s
 
     if d.mode != "disaggregated":
         pm = pools[0]
         rate = w.rate / pm.pool.engines
-        r = Requests.draw(w, rate, requests, seed)
+        r = Requests.draw(w, rate, requests, seed) if replay is None else replay.share(pm.pool.engines, seed)
         policy: Policy = "chunked" if d.mode == "chunked" else d.scheduler
         budget_tokens = d.chunk_tokens if d.mode == "chunked" else d.max_batched_tokens
         _, _, trace = run_engine(pm, policy, r.arrivals, r.isl - r.cached, r.cached, r.osl, r.measured, budget_tokens)
         return trace
     pre, dec = pools
     n_dec = dec.pool.engines
-    r = Requests.draw(w, w.rate, requests * n_dec, seed)
+    r = Requests.draw(w, w.rate, requests * n_dec, seed) if replay is None else replay
     assert d.decode is not None
     lengths = np.unique(r.isl)
     whole = np.array([kv_move_s(model, float(kv_cache_bytes(model, v, d.decode.kv_dtype, tp=d.decode.tp)), pre, dec, d.kv_link,
@@ -446,11 +463,13 @@ class Simulation(BaseModel):
 
 def simulate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any], workload: Workload | Mapping[str, Any],
              slo: SLO | Mapping[str, Any] | None = None, gpus: Sequence[GPUSpec | Mapping[str, Any]] | GPUSpec = (),
-             requests: int = 3000, seed: int = 0) -> Simulation:
+             requests: int = 3000, seed: int = 0, replay: Any = None, replay_format: str = "auto") -> Simulation:
     """Check one deployment by discrete-event simulation (see the module docstring for the engine).
 
     Slower than ``evaluate`` (about a second per thousand requests with long outputs) and seeded, so
-    repeatable. ``requests`` is how many are measured (100 ... 50,000).
+    repeatable. ``requests`` is how many are measured (100 ... 50,000). ``replay`` (a trace file, see
+    ``calculator.traces``) plays the trace's own requests, arrival times and lengths, instead of drawing
+    them from ``workload`` (whose ``prefix_hit`` still applies); at most 50,000 requests of it.
     """
     from ..arguments import as_model, integer, model_spec
     from . import _pool_models, check_context
@@ -468,7 +487,18 @@ def simulate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
     bad = next((pm for pm in pools if not pm.fits), None)
     if bad is not None:
         raise InputError("deployment", bad.reason or "does not fit")
-    trace = run_deployment(m, d, w, pools, requests, seed)
+    replayed = None
+    if replay is not None:
+        from ..traces import read_trace
+
+        t = read_trace(replay, replay_format)  # type: ignore[arg-type]
+        if t.arrival_s.size > MAX_SIM_REQUESTS:
+            raise InputError("replay", f"{t.arrival_s.size:,} requests; at most {MAX_SIM_REQUESTS:,} are simulated "
+                                       "(cut a window with calculator.traces.read_trace(window=...))")
+        if t.arrival_s.size < 20:
+            raise InputError("replay", f"{t.arrival_s.size} requests; a replay needs at least 20")
+        replayed = Requests.of_trace(t.arrival_s, t.isl, t.osl, w.prefix_hit)
+    trace = run_deployment(m, d, w, pools, requests, seed, replayed)
     return Simulation(
         mode=d.mode, stable=trace.stable, requests=int(trace.ttft_s.size), decode_batch=trace.batch_mean,
         preemptions=trace.preemptions,
