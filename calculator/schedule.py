@@ -19,6 +19,7 @@ cannot both be filled when the traffic is light.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -148,7 +149,7 @@ def plan_schedule(model: ModelSpec | str, profile: Sequence[Window | Mapping[str
     best_gpus = [min(c.num_gpus for c in f.values()) for f in per_window]
 
     def strategy(name: str, mode_ok: Any) -> Strategy | None:
-        common = set.intersection(*(set(k for k, c in f.items() if mode_ok(c.mode)) for f in per_window))
+        common = set.intersection(*({k for k, c in f.items() if mode_ok(c.mode)} for f in per_window))
         if not common:
             return None
         def hours(k: str) -> float:
@@ -213,7 +214,7 @@ def _strategy(name: str, layout: str, rows: list[WindowPlan]) -> Strategy:
     def counts(r: WindowPlan) -> tuple[int | None, ...]:
         return (r.prefill_instances, r.decode_instances, r.instances)
 
-    events = sum(counts(a) != counts(b) for a, b in zip(rows, rows[1:]))
+    events = sum(counts(a) != counts(b) for a, b in itertools.pairwise(rows))
     return Strategy(name=name, layout=layout, windows=tuple(rows), gpu_hours=sum(r.gpu_hours for r in rows),
                     scale_events=events)
 
