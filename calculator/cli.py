@@ -1097,6 +1097,63 @@ class _ProgressBar:
 
 
 @app.command()
+def schedule(
+    profile: Annotated[Path, typer.Argument(help="YAML or JSON list of windows: {label, duration_s, workload: {rate, "
+                                                 "isl, osl, ...}}")],
+    model: Annotated[str, typer.Option(help="model id, alias or config.json path")],
+    gpu: Annotated[list[str], typer.Option(help="GPU type for the day (repeat)")],
+    ttft: Annotated[str, typer.Option(help="TTFT target, e.g. 2s")],
+    tpot: Annotated[str, typer.Option(help="TPOT target, e.g. 50ms")],
+    percentile: Annotated[float, typer.Option(help="SLO percentile")] = 90.0,
+    weight_dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+    as_json: JsonOpt = False,
+) -> None:
+    """A day of traffic windows on fixed GPU types (POST /v1/schedule): disaggregated pools scaled on their own,
+    colocated autoscaling and one static deployment, in GPU-hours, window by window."""
+    import yaml
+
+    from . import service as s
+    from .errors import InputError
+    from .files import read_text_file
+    from .limits import MAX_CONFIG_BYTES
+
+    text = read_text_file(profile, "profile", MAX_CONFIG_BYTES)
+    try:
+        windows = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise InputError("profile", f"{profile} is not YAML or JSON: {e}") from None
+    req = s.ScheduleRequest.model_validate({
+        "model": _model_ref(model), "profile": windows, "gpus": gpu, "weight_dtype": weight_dtype,
+        "kv_dtype": kv_dtype, "slo": {"ttft_s": parse_duration(ttft, "ttft"), "tpot_s": parse_duration(tpot, "tpot"),
+                                      "percentile": percentile}})
+    sch = s.run_schedule(req)
+    if as_json:
+        _print_json(sch)
+        return
+    out.table(f"{sch.model} on {', '.join(sch.gpus)}: the day in GPU-hours", [
+        Column("strategy", left=True), Column("layout held all day", left=True, drop=2), Column("GPU-hours"),
+        Column("scale events", drop=1), Column("saved vs static")],
+        [[st.name, st.layout, f"{st.gpu_hours:,.0f}", str(st.scale_events),
+          "—" if st.name not in sch.savings_vs_static else f"{sch.savings_vs_static[st.name]:.0%}"]
+         for st in sch.strategies])
+    names = [st.name for st in sch.strategies if st.name != "static"]
+    rows = []
+    for i, w in enumerate(sch.strategies[0].windows):
+        row = [w.label, f"{w.rate_rps:g}"]
+        for name in names:
+            x = sch.strategy(name).windows[i]
+            row.append(f"{x.prefill_instances}+{x.decode_instances} ({x.num_gpus})" if x.instances is None
+                       else f"{x.instances} ({x.num_gpus})")
+        rows.append([*row, str(w.best_possible_gpus)])
+    out.table("window by window: instances (GPUs)", [Column("window", left=True), Column("req/s"),
+                                                    *(Column(n) for n in names), Column("fewest GPUs", drop=1)], rows)
+    for label, loss in sch.low_load_loss.items():
+        out.print(escape(f"{label}: disaggregated needs {loss:.0%} more GPUs than the best colocated deployment"),
+                  highlight=False)
+
+
+@app.command()
 def trace(
     path: Annotated[Path, typer.Argument(help="the trace: Azure CSV, Mooncake JSONL, BurstGPT CSV or timestamp_s,isl,osl CSV")],
     trace_format: Annotated[str, typer.Option(help="auto, azure, mooncake, burstgpt or csv")] = "auto",

@@ -44,7 +44,7 @@ class Window(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    duration_s: float = Field(gt=0, le=7 * 86_400, description="how long this traffic lasts, seconds")
+    duration_s: float = Field(ge=1.0, le=7 * 86_400, description="how long this traffic lasts, seconds (1 s to a week)")
     workload: Workload
     label: str = Field(default="", max_length=64)
 
@@ -177,8 +177,8 @@ def plan_schedule(model: ModelSpec | str, profile: Sequence[Window | Mapping[str
                 loss[row.label] = row.num_gpus / min(colocated) - 1
     return Schedule(model=m.id, slo=slo, gpus=tuple(g if isinstance(g, str) else g.id for g in (
         [gpus] if isinstance(gpus, (str, GPUSpec)) else gpus)), strategies=tuple(out),
-        savings_vs_static={} if static_h is None else {s.name: 1 - s.gpu_hours / static_h for s in out
-                                                       if s.name != "static"}, low_load_loss=loss)
+        savings_vs_static={} if not static_h else {s.name: 1 - s.gpu_hours / static_h for s in out
+                                                   if s.name != "static"}, low_load_loss=loss)
 
 
 def _static(per_window: list[dict[str, Candidate]]) -> Deployment | None:

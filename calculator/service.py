@@ -27,8 +27,8 @@ from .errors import InputError
 from .estimate import Estimate, estimate
 from .formulas import FORMULAS
 from .hf_config import model_from_hf_config
-from .launch import Engine, Launch, to_launch
 from .kv_cache import kv_bytes_per_gpu, kv_bytes_per_token, kv_cache_bytes
+from .launch import Engine, Launch, to_launch
 from .limits import (
     MAX_BATCH,
     MAX_CHUNK_BUDGETS,
@@ -43,9 +43,11 @@ from .limits import (
 from .optimizer import CHUNKS, CPS, DPS, TPS, Objective, Plan, plan
 from .params import active_param_count, param_count
 from .phases import DEFAULT_EXPERT_IMBALANCE
+from .schedule import MAX_WINDOWS, Schedule, Window, plan_schedule
 from .serving import SLO, Deployment, Evaluation, Workload, evaluate
 from .serving.base import Mode, Scheduler
 from .speculation import Speculation
+from .traces import TraceStats
 
 ESTIMATE_SWEEPABLE = ("isl", "osl", "batch", "tp", "pp", "prefix_hit", "gpu_memory_utilisation")
 PLAN_SWEEPABLE = ("rate", "isl", "osl", "prefix_hit", "ttft_s", "tpot_s")
@@ -362,6 +364,62 @@ def run_evaluate(req: EvaluateRequest) -> Evaluation:
     """``evaluate`` checks the context window and the pools' GPU ids itself (404 naming the closest)."""
     return evaluate(resolve_model(req.model), req.deployment, req.workload, req.slo, gpus=req.gpus,
                     calibration=req.calibration)
+
+
+# ------------------------------------------------------------------------------------------ schedule
+
+class ScheduleRequest(_Request):
+    """A day of traffic windows planned on fixed GPU types (``pdplan schedule``, ``pc.plan_schedule``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, json_schema_extra={
+        "examples": [{"model": "llama-3.1-8b", "gpus": ["h100-sxm"], "slo": {"ttft_s": 2, "tpot_s": 0.05},
+                      "profile": [{"label": "day", "duration_s": 43200, "workload": {"rate": 10, "isl": 2000, "osl": 300}},
+                                  {"label": "night", "duration_s": 43200, "workload": {"rate": 0.5, "isl": 2000, "osl": 300}}]}]})
+
+    model: ModelRef
+    profile: list[Window] = Field(min_length=1, max_length=MAX_WINDOWS)
+    slo: SLO
+    gpus: list[GPURef] = Field(min_length=1, max_length=MAX_GPU_TYPES, description="the GPU types, fixed for the day")
+    weight_dtype: WeightDtype = "bf16"
+    kv_dtype: KVDtype = "bf16"
+    scheduler: Scheduler = "hybrid"
+
+
+def run_schedule(req: ScheduleRequest) -> Schedule:
+    return plan_schedule(resolve_model(req.model), req.profile, req.slo, gpus=list(req.gpus),
+                         weight_dtype=req.weight_dtype, kv_dtype=req.kv_dtype, scheduler=req.scheduler)
+
+
+# ------------------------------------------------------------------------------------------ trace
+
+class TraceRequest(_Request):
+    """A request trace, inline: its traffic statistics and the workload it gives (``pdplan trace``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, json_schema_extra={
+        "examples": [{"name": "requests.csv", "content": "timestamp_s,isl,osl\n0.0,1000,100\n0.4,2000,50\n1.3,800,200\n"}]})
+
+    name: str = Field(default="trace", min_length=1, max_length=200, description="what error messages cite")
+    content: str = Field(min_length=1, max_length=MAX_BENCH_FILE_BYTES, description="the trace's text: Azure CSV, "
+                         "Mooncake JSONL, BurstGPT CSV or timestamp_s,isl,osl CSV")
+    format: Literal["auto", "azure", "mooncake", "burstgpt", "csv"] = "auto"
+    window_s: tuple[float, float] | None = Field(default=None, description="(start, end) seconds after the first "
+                                                 "arrival: only the requests arriving in it")
+    cache_tokens: int | None = Field(default=None, ge=512, le=10**12, description="prefix cache size for the hit "
+                                     "ratio (traces with block hashes); default unbounded")
+    rate_scale: float = Field(default=1.0, gt=0, le=1e4, description="the workload's rate is the trace's times this")
+
+
+class TraceResponse(BaseModel):
+    stats: TraceStats
+    workload: Workload = Field(description="for plan and evaluate: the trace's rate (scaled), length samples, "
+                               "burstiness (arrival_cv) and prefix hits")
+
+
+def run_trace(req: TraceRequest) -> TraceResponse:
+    from .traces import parse_trace, workload_of
+
+    w, st = workload_of(parse_trace(req.content, req.name, req.format, req.window_s), req.cache_tokens, req.rate_scale)
+    return TraceResponse(stats=st, workload=w)
 
 
 # ------------------------------------------------------------------------------------------ calibrate

@@ -87,11 +87,18 @@ def read_trace(path: str | os.PathLike[str], format: TraceFormat = "auto",
     p = Path(path)
     if format not in FORMATS:
         raise InputError("format", f"choose one of {', '.join(FORMATS)}, got {format!r}")
-    text = read_text_file(p, "trace", MAX_TRACE_BYTES)
-    fmt = _detect(text, p.name) if format == "auto" else format
-    trace = {"azure": _azure, "mooncake": _mooncake, "burstgpt": _burstgpt, "csv": _generic}[fmt](text, p.name)
+    return parse_trace(read_text_file(p, "trace", MAX_TRACE_BYTES), p.name, format, window)
+
+
+def parse_trace(text: str, name: str, format: TraceFormat = "auto",
+                window: tuple[float, float] | None = None) -> Trace:
+    """``read_trace`` on a trace's text (``name`` is what errors cite)."""
+    if format not in FORMATS:
+        raise InputError("format", f"choose one of {', '.join(FORMATS)}, got {format!r}")
+    fmt = _detect(text, name) if format == "auto" else format
+    trace = {"azure": _azure, "mooncake": _mooncake, "burstgpt": _burstgpt, "csv": _generic}[fmt](text, name)
     if trace.arrival_s.size == 0:
-        raise InputError("trace", f"{p.name}: no requests")
+        raise InputError("trace", f"{name}: no requests")
     order = np.argsort(trace.arrival_s, kind="stable")
     t = trace.arrival_s[order] - trace.arrival_s[order][0]
     keep = np.ones(t.size, dtype=bool)
@@ -101,7 +108,7 @@ def read_trace(path: str | os.PathLike[str], format: TraceFormat = "auto",
             raise InputError("window", f"give (start, end) seconds with 0 <= start < end, got {window!r}")
         keep = (t >= start) & (t < end)
         if keep.sum() < 2:
-            raise InputError("window", f"{p.name}: fewer than 2 requests arrive in {start:g}-{end:g} s")
+            raise InputError("window", f"{name}: fewer than 2 requests arrive in {start:g}-{end:g} s")
     hashes = None if trace.hash_ids is None else tuple(trace.hash_ids[i] for i in order[keep])
     return Trace(trace.source, fmt, t[keep] - t[keep][0], trace.isl[order][keep], trace.osl[order][keep], hashes,
                  trace.skipped)
@@ -292,11 +299,15 @@ def workload_from_trace(path: str | os.PathLike[str], format: TraceFormat = "aut
     """(Workload, TraceStats) of a trace file: its rate (times ``rate_scale``), its prompt and output lengths as
     samples (at most ``MAX_SAMPLES``, evenly spaced), its burstiness as ``arrival_cv``, and for traces with block
     hashes the prefix-hit ratio of a cache of ``cache_tokens``."""
+    return workload_of(read_trace(path, format, window), cache_tokens, rate_scale)
+
+
+def workload_of(trace: Trace, cache_tokens: int | None = None, rate_scale: float = 1.0):  # type: ignore[no-untyped-def]
+    """(Workload, TraceStats) of a trace already read (``workload_from_trace``)."""
     from .serving.workload import Workload
 
     if isinstance(rate_scale, bool) or not isinstance(rate_scale, (int, float)) or not 0 < rate_scale <= 1e4:
         raise InputError("rate_scale", f"give a positive factor up to 10,000, got {rate_scale!r}")
-    trace = read_trace(path, format, window)
     stats = trace_stats(trace, cache_tokens)
     w = Workload(rate=stats.rate_rps * rate_scale, isl={"samples": _subsample(trace.isl)},
                  osl={"samples": _subsample(trace.osl)}, prefix_hit=min(stats.prefix_hit or 0.0, 0.99),
@@ -304,4 +315,5 @@ def workload_from_trace(path: str | os.PathLike[str], format: TraceFormat = "aut
     return w, stats
 
 
-__all__ = ["FORMATS", "Trace", "TraceStats", "prefix_hit_ratio", "read_trace", "trace_stats", "workload_from_trace"]
+__all__ = ["FORMATS", "Trace", "TraceStats", "parse_trace", "prefix_hit_ratio", "read_trace", "trace_stats",
+           "workload_from_trace", "workload_of"]

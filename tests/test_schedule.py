@@ -75,3 +75,32 @@ def test_bad_profiles_are_clear() -> None:
     assert "profile.0" in str(e.value)
     with pytest.raises(InputError, match="compares the modes itself"):
         plan_schedule("llama-3.1-8b", DAY[:1], SLO, gpus=["h100-sxm"], modes=["mixed"])
+
+
+def test_cli_and_rest(tmp_path) -> None:
+    import json
+
+    import yaml
+    from fastapi.testclient import TestClient
+    from typer.testing import CliRunner
+
+    from api.app import app as api
+    from calculator.cli import app
+
+    profile = [{"label": w.label, "duration_s": w.duration_s, "workload": w.workload.model_dump()} for w in DAY]
+    f = tmp_path / "day.yaml"
+    f.write_text(yaml.safe_dump(profile))
+    r = CliRunner().invoke(app, ["schedule", str(f), "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--ttft", "2s",
+                                 "--tpot", "50ms", "--weight-dtype", "fp8", "--json"])
+    assert r.exit_code == 0, r.output
+    cli = json.loads(r.output)
+    body = TestClient(api).post("/v1/schedule", json={"model": "llama-3.1-70b", "profile": profile, "gpus": ["h100-sxm"],
+                                                      "slo": {"ttft_s": 2, "tpot_s": 0.05}, "weight_dtype": "fp8"})
+    assert body.status_code == 200, body.text
+    assert body.json()["savings_vs_static"] == pytest.approx(cli["savings_vs_static"])
+    table = CliRunner().invoke(app, ["schedule", str(f), "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--ttft", "2s",
+                                     "--tpot", "50ms", "--weight-dtype", "fp8"])
+    assert table.exit_code == 0 and "saved vs static" in table.output and "more GPUs" in table.output
+    bad = TestClient(api).post("/v1/schedule", json={"model": "llama-3.1-8b", "profile": [], "gpus": ["h100-sxm"],
+                                                     "slo": {"ttft_s": 2, "tpot_s": 0.05}})
+    assert bad.status_code == 422

@@ -161,3 +161,21 @@ def test_the_simulation_replays_a_trace(tmp_path: Path) -> None:
     assert pc.simulate("llama-3.1-8b", d, w, replay=even).ttft_by_percentile_s[90] < 0.5 * replayed.ttft_by_percentile_s[90]
     with pytest.raises(InputError, match="at least 20"):
         pc.simulate("llama-3.1-8b", d, w, replay=FIX / "generic.csv")
+
+
+def test_rest_trace_gives_the_stats_and_a_workload_for_plan() -> None:
+    from fastapi.testclient import TestClient
+
+    from api.app import app
+
+    client = TestClient(app)
+    r = client.post("/v1/trace", json={"name": "mc.jsonl", "content": (FIX / "mooncake.jsonl").read_text(),
+                                       "cache_tokens": 1536, "rate_scale": 3.0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["stats"]["prefix_hit"] == pytest.approx(1024 / 6760) and body["workload"]["rate"] == pytest.approx(2.5)
+    p = client.post("/v1/plan", json={"model": "llama-3.1-8b", "workload": body["workload"],
+                                      "slo": {"ttft_s": 2, "tpot_s": 0.05}, "gpus": ["h100-sxm"]})
+    assert p.status_code == 200, p.text
+    bad = client.post("/v1/trace", json={"name": "x.csv", "content": "timestamp_s,isl,osl\n0,10,5\n1,ten,5\n"})
+    assert bad.status_code == 422 and "x.csv: line 3, column 2 (isl)" in bad.text

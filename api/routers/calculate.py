@@ -1,4 +1,4 @@
-"""The calculator: KV cache, estimate, plan, evaluate, calibrate and sweep. Each route parses the body
+"""The calculator: KV cache, estimate, plan, evaluate, schedule, trace, calibrate and sweep. Each route parses the body
 strictly, calls ``calculator.service`` and returns its model as JSON.
 
 KV cache and estimate are bounded, millisecond work and run on the event loop; plan, evaluate and
@@ -58,6 +58,18 @@ async def plan(request: Request) -> Response:
              summary="TTFT/TPOT percentiles and goodput of one deployment")
 async def evaluate(request: Request) -> Response:
     return _json(await _heavy(request, s.EvaluateRequest, s.run_evaluate))
+
+
+@router.post("/schedule", response_model=s.Schedule, openapi_extra=body_openapi(s.ScheduleRequest),
+             summary="A day of traffic windows on fixed GPU types: disaggregated, colocated and static, in GPU-hours")
+async def schedule(request: Request) -> Response:
+    return _json(await _heavy(request, s.ScheduleRequest, s.run_schedule))
+
+
+@router.post("/trace", response_model=s.TraceResponse, openapi_extra=body_openapi(s.TraceRequest),
+             summary="A request trace's rate, burstiness, lengths and prefix hits, and the workload it gives")
+async def trace(request: Request) -> Response:
+    return _json(await _heavy(request, s.TraceRequest, s.run_trace))
 
 
 @router.post("/calibrate", response_model=s.CalibrateResponse, openapi_extra=body_openapi(s.CalibrateRequest),
