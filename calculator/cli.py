@@ -741,8 +741,8 @@ def plan(
     whole_nodes: Annotated[bool, typer.Option(help="bill whole 8-GPU nodes")] = False,
     show_all: Annotated[bool, typer.Option("--all", help=f"list every candidate (default: the best {SHOWN})")] = False,
     calibration: CalibrationOpt = None,
-    emit: Annotated[str | None, typer.Option(help="also print the best deployment's launch commands: vllm or "
-                                                  "sglang")] = None,
+    emit: Annotated[str | None, typer.Option(help="also print the best deployment's launch commands: vllm, "
+                                                  "sglang, or k8s (manifests)")] = None,
     model_path: Annotated[str | None, typer.Option(help="with --emit: what the engine loads (default: the model's "
                                                         "Hugging Face repo)")] = None,
     as_json: JsonOpt = False,
@@ -793,6 +793,11 @@ def _print_plan(req: Any, r: Any, order: list[Any], show_all: bool) -> None:
 
 def _print_launch(launch: Any) -> None:
     out.print(escape(f"\nLaunch on {launch.engine} ({launch.model_path}):"), highlight=False)
+    if launch.manifests_yaml is not None:
+        out.print(escape(launch.manifests_yaml), highlight=False, soft_wrap=True)
+        for note in launch.notes:
+            out.print(escape(f"# note: {note}"), highlight=False, soft_wrap=True)
+        return
     for pool in launch.pools:
         out.print(escape(f"# {pool.role}: {pool.replicas} x {pool.gpus_per_replica} GPU(s)"), highlight=False)
         out.print(escape(pool.command), highlight=False, soft_wrap=True)

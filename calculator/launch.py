@@ -1,4 +1,5 @@
-"""``to_launch``: a deployment as the commands that run it on a real engine, one per pool.
+"""``to_launch``: a deployment as the commands that run it on a real engine, one per pool, or as Kubernetes
+manifests (``k8s``: vLLM's commands in a Deployment and a Service per pool).
 
 vLLM (0.8+, its V1 engine; the flags of ``vllm serve`` in 0.32) and SGLang (``python -m
 sglang.launch_server``, with ``sglang_router`` in front of disaggregated pools). Each pool's command
@@ -29,8 +30,11 @@ from .arguments import choice, model_spec
 from .errors import InputError
 from .serving.base import Deployment, Pool
 
-Engine = Literal["vllm", "sglang"]
-ENGINES: tuple[Engine, ...] = ("vllm", "sglang")
+Engine = Literal["vllm", "sglang", "k8s"]
+ENGINES: tuple[Engine, ...] = ("vllm", "sglang", "k8s")
+K8S_IMAGE = "vllm/vllm-openai:latest"
+"""The container image of the k8s manifests (vLLM's OpenAI server; pin a version in production)."""
+NODE_GPUS = 8
 GPU_MEMORY_UTILISATION = 0.9
 """The share of each GPU's memory the engine may use: pdplan's default for the KV budget too."""
 VLLM_KV_CONNECTOR = "NixlConnector"
@@ -63,6 +67,8 @@ class Launch(BaseModel):
     router: tuple[str, ...] | None = Field(description="disaggregated: the router that sends each prompt to a "
                                            "prefill instance and then its decode to a decode instance")
     router_command: str | None = None
+    manifests: tuple[dict, ...] | None = Field(default=None, description="k8s: a Deployment and a Service per pool")
+    manifests_yaml: str | None = Field(default=None, description="k8s: the same as one multi-document YAML")
     notes: tuple[str, ...] = ()
 
 
@@ -78,6 +84,8 @@ def to_launch(model: str | ModelSpec, deployment: Deployment, engine: str, model
     engine = choice("engine", engine, ENGINES)
     if not isinstance(deployment, Deployment):
         raise InputError("deployment", f"give a Deployment, got {type(deployment).__name__}")
+    if engine == "k8s":
+        return _k8s(to_launch(m, deployment, "vllm", model_path, port))
     path = model_path or m.hf_repo or m.id
     notes: list[str] = []
     build = _vllm if engine == "vllm" else _sglang
@@ -214,6 +222,50 @@ def _router(engine: Engine, port: int, notes: list[str]) -> tuple[str, ...]:
                  "or vLLM's disaggregated proxy example); the one shown is vLLM's example")
     return ("python", "disagg_proxy_server.py", "--prefiller-hosts", "PREFILL_HOST", "--prefiller-ports", str(port),
             "--decoder-hosts", "DECODE_HOST", "--decoder-ports", str(port + 1), "--port", str(port + 2))
+
+
+def _dns_name(text: str) -> str:
+    """A Kubernetes object name (RFC 1123 label): lower case, digits and '-', at most 63 characters."""
+    out = "".join(c if c.isalnum() and c.isascii() else "-" for c in text.lower()).strip("-")
+    while "--" in out:
+        out = out.replace("--", "-")
+    return out[:63].rstrip("-") or "pdplan"
+
+
+def _k8s(launch: Launch) -> Launch:
+    """vLLM's commands as a Deployment (replicas = instances, the GPUs as nvidia.com/gpu limits) and a Service per
+    pool."""
+    import yaml
+
+    docs: list[dict] = []
+    notes = list(launch.notes)
+    for pool in launch.pools:
+        name = _dns_name(f"{launch.model}-{pool.role}")
+        labels = {"app.kubernetes.io/name": _dns_name(launch.model), "app.kubernetes.io/component": pool.role,
+                  "app.kubernetes.io/managed-by": "pdplan"}
+        docs.append({
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "replicas": pool.replicas, "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": {"containers": [{
+                    "name": "vllm", "image": K8S_IMAGE, "command": list(pool.argv[:2]), "args": list(pool.argv[2:]),
+                    "ports": [{"containerPort": pool.port, "name": "http"}],
+                    "resources": {"limits": {"nvidia.com/gpu": pool.gpus_per_replica}},
+                    "readinessProbe": {"httpGet": {"path": "/health", "port": pool.port}, "periodSeconds": 10},
+                }]}},
+            },
+        })
+        docs.append({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels},
+                     "spec": {"selector": labels, "ports": [{"name": "http", "port": pool.port, "targetPort": pool.port}]}})
+        if pool.gpus_per_replica > NODE_GPUS:
+            notes.append(f"{pool.role}: an instance spans {pool.gpus_per_replica} GPUs, more than one {NODE_GPUS}-GPU "
+                         "node; run it as a multi-node group (LeaderWorkerSet with Ray) rather than one pod")
+    if launch.router is not None:
+        notes.append("the router in front of the disaggregated pools is not in the manifests: deploy one (NVIDIA "
+                     "Dynamo, llm-d) pointing at the two Services")
+    return launch.model_copy(update={"engine": "k8s", "manifests": tuple(docs),
+                                     "manifests_yaml": yaml.safe_dump_all(docs, sort_keys=False),
+                                     "notes": tuple(dict.fromkeys(notes))})
 
 
 __all__ = ["ENGINES", "Launch", "PoolLaunch", "to_launch"]

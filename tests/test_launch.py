@@ -150,3 +150,31 @@ def test_vllm_parses_the_commands() -> None:
     verdicts = json.loads(r.stdout.strip().splitlines()[-1])
     assert verdicts[:-1] == [None] * (len(argvs) - 1), list(zip(argvs, verdicts))
     assert verdicts[-1] is not None
+
+
+def test_k8s_manifests_validate_against_the_kubernetes_schema() -> None:
+    import kubernetes_validate
+    import yaml
+
+    for name, model in (("mixed", "llama-3.1-70b"), ("disaggregated", "llama-3.1-70b"), ("dep", "deepseek-v3"),
+                        ("chunked", "llama-3.1-70b")):
+        launch = to_launch(model, _deployments()[name], "k8s")
+        assert launch.manifests is not None and launch.manifests_yaml is not None
+        docs = list(yaml.safe_load_all(launch.manifests_yaml))
+        assert docs == list(launch.manifests) and len(docs) == 2 * len(launch.pools)
+        for doc in docs:  # strict: an unknown field fails too
+            kubernetes_validate.validate(doc, "1.30", strict=True)
+        deployments = [d for d in docs if d["kind"] == "Deployment"]
+        for d, pool in zip(deployments, to_launch(model, _deployments()[name], "vllm").pools):
+            assert d["spec"]["replicas"] == pool.replicas
+            container = d["spec"]["template"]["spec"]["containers"][0]
+            assert container["resources"]["limits"]["nvidia.com/gpu"] == pool.gpus_per_replica
+            assert [*container["command"], *container["args"]] == list(pool.argv)
+    # a pipelined instance of 16 GPUs cannot be one pod on an 8-GPU node: said, not hidden
+    big = pc.Deployment(mode="mixed", pool=pc.Pool(gpu="h100-sxm", tp=8, pp=2))
+    assert any("multi-node" in n for n in to_launch("llama-3.1-405b", big, "k8s").notes)
+    # a broken manifest does fail the schema (the check is not vacuous)
+    bad = dict(to_launch("llama-3.1-8b", _deployments()["mixed"], "k8s").manifests[0])
+    bad["spec"] = {**bad["spec"], "replicas": "three"}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, "1.30", strict=True)
