@@ -141,7 +141,9 @@ def call(method: str, path: str, body: Any = None, max_items: int | None = None,
 
 # ------------------------------------------------------------------------------------------ schemas
 
-def _type_of(spec: dict[str, Any]) -> str:
+def _type_of(spec: dict[str, Any] | bool) -> str:
+    if isinstance(spec, bool):  # JSON Schema's true: anything (a free-form mapping's values)
+        return "any"
     if "$ref" in spec:
         return spec["$ref"].rsplit("/", 1)[-1]
     if "anyOf" in spec:
