@@ -418,7 +418,11 @@ class TraceResponse(BaseModel):
 def run_trace(req: TraceRequest) -> TraceResponse:
     from .traces import parse_trace, workload_of
 
-    w, st = workload_of(parse_trace(req.content, req.name, req.format, req.window_s), req.cache_tokens, req.rate_scale)
+    try:
+        trace = parse_trace(req.content, req.name, req.format, req.window_s)
+    except InputError as e:  # the REST field is window_s
+        raise InputError("window_s" if e.field == "window" else e.field, e.reason) from None
+    w, st = workload_of(trace, req.cache_tokens, req.rate_scale)
     return TraceResponse(stats=st, workload=w)
 
 

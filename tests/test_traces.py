@@ -179,3 +179,5 @@ def test_rest_trace_gives_the_stats_and_a_workload_for_plan() -> None:
     assert p.status_code == 200, p.text
     bad = client.post("/v1/trace", json={"name": "x.csv", "content": "timestamp_s,isl,osl\n0,10,5\n1,ten,5\n"})
     assert bad.status_code == 422 and "x.csv: line 3, column 2 (isl)" in bad.text
+    window = client.post("/v1/trace", json={"content": (FIX / "generic.csv").read_text(), "window_s": [5, 1]})
+    assert window.status_code == 422 and window.json()["detail"][0]["loc"] == ["body", "window_s"]
