@@ -22,6 +22,7 @@ _SOURCES: dict[str, str] = {
                      "UnknownIdError", "UnstableError"), ".errors"),
     **dict.fromkeys(("Estimate", "MemoryBreakdown", "OpRow", "estimate"), ".estimate"),
     **dict.fromkeys(("Launch", "to_launch"), ".launch"),
+    **dict.fromkeys(("BatchRow", "plan_many"), ".fleet"),
     **dict.fromkeys(("Schedule", "Window", "plan_schedule"), ".schedule"),
     **dict.fromkeys(("FORMULAS", "Formula"), ".formulas"),
     "model_from_hf_config": ".hf_config",
@@ -35,12 +36,12 @@ _SOURCES: dict[str, str] = {
 """Public name -> the module it comes from."""
 
 __all__ = [
-    "FORMULAS", "SLO", "AmbiguousIdError", "BenchPoint", "CalibrationFit", "Cancelled", "Candidate", "DeadlineExceeded", "Deployment", "Efficiency", "Estimate",
+    "FORMULAS", "SLO", "AmbiguousIdError", "BatchRow", "BenchPoint", "CalibrationFit", "Cancelled", "Candidate", "DeadlineExceeded", "Deployment", "Efficiency", "Estimate",
     "Evaluation", "Formula", "GPUSpec", "HardwareDBError", "InputError", "Launch", "Length", "MemoryBreakdown",
     "ModelSpec", "OpRow", "PdplanError", "Plan", "Pool", "Schedule", "Simulation", "Speculation", "UnknownIdError", "UnstableError",
     "Workload", "active_param_count", "calibrate", "deadline", "estimate", "evaluate", "kv_bytes_per_token", "kv_cache_bytes", "list_gpus",
     "list_models", "load_gpu", "load_model", "model_from_hf_config", "param_count", "plan", "read_benchmark_files",
-    "plan_schedule", "simulate", "to_launch", "Window",
+    "plan_many", "plan_schedule", "simulate", "to_launch", "Window",
 ]  # the keys of _SOURCES (a test checks)
 
 
@@ -89,6 +90,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from .formulas import FORMULAS, Formula
     from .hf_config import model_from_hf_config
     from .kv_cache import kv_bytes_per_token, kv_cache_bytes
+    from .fleet import BatchRow, plan_many
     from .launch import Launch, to_launch
     from .schedule import Schedule, Window, plan_schedule
     from .optimizer import Candidate, Plan, plan

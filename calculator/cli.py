@@ -1159,6 +1159,42 @@ def schedule(
 
 
 @app.command()
+def batch(
+    scenarios: Annotated[Path, typer.Argument(help="YAML/JSON list of plan requests (or {defaults, scenarios}), or a "
+                                                   "CSV with dotted columns: id, model, workload.rate, workload.isl, "
+                                                   "workload.osl, slo.ttft_s, slo.tpot_s, gpus (a;b) ...")],
+    out_file: Annotated[Path, typer.Option("--out", help="results: .csv or .parquet (written as plans finish; a "
+                                                         "rerun resumes from it)")],
+    workers: Annotated[int | None, typer.Option(min=1, max=1024, help="processes (default: one per core; 1: in "
+                                                                      "this process)")] = None,
+    ray: Annotated[str | None, typer.Option(help="run the plans on this Ray cluster instead: HOST:PORT, auto, or "
+                                                 "local to start one here (needs the fleet extra)")] = None,
+    resume: Annotated[bool, typer.Option(help="keep the rows of unchanged scenarios already in --out")] = True,
+    chunk: Annotated[int, typer.Option(min=1, max=1000, help="scenarios per task")] = 4,
+) -> None:
+    """Many plans at once (pc.plan_many): one row per scenario in --out, with the best deployment or why there is
+    none; a scenario's error is its row's, not the batch's. A killed run continues where it stopped."""
+    import time
+
+    from .fleet import plan_many
+
+    if out_file.suffix.lower() not in (".csv", ".parquet"):
+        raise CliFailure(EXIT_OUTPUT, f"out: {out_file}: write .csv or .parquet")
+    started = time.perf_counter()
+    with _ProgressBar() as bar:
+        bar(0, 0, "planning")
+        rows = plan_many(scenarios, out=out_file, resume=resume, workers=workers, ray_address=ray, chunk=chunk,
+                         progress=lambda done, total: bar(done, total, "planning"))
+    elapsed = time.perf_counter() - started
+    counts = {s: sum(r.status == s for r in rows) for s in ("feasible", "infeasible", "error")}
+    gpus = sum(r.num_gpus or 0 for r in rows)
+    out.print(pairs_table(f"{escape(str(scenarios))} → {escape(str(out_file))}", [
+        ("scenarios", f"{len(rows):,}"), ("feasible", f"{counts['feasible']:,} ({gpus:,} GPUs in all)"),
+        ("infeasible", f"{counts['infeasible']:,}"), ("errors", f"{counts['error']:,} (see the message column)"),
+        ("time", f"{elapsed:,.1f} s")]))
+
+
+@app.command()
 def trace(
     path: Annotated[Path, typer.Argument(help="the trace: Azure CSV, Mooncake JSONL, BurstGPT CSV or timestamp_s,isl,osl CSV")],
     trace_format: Annotated[str, typer.Option(help="auto, azure, mooncake, burstgpt or csv")] = "auto",

@@ -151,7 +151,7 @@ def _why(other: Candidate, best: Candidate) -> str:
 
 
 def _describe(c: Candidate) -> str:
-    return _describe_config(c.deployment, instances=True)
+    return describe_deployment(c.deployment, instances=True)
 
 
 def _layout(p: Pool) -> str:
@@ -669,7 +669,7 @@ def _pareto(points: list[_Points], cands: list[Candidate]) -> tuple[ParetoPoint,
         budget.check()
         k = int(order[i])
         b, j = blocks[block[k]], k - start[block[k]]
-        label = _describe_config(b.deployment) + (
+        label = describe_deployment(b.deployment) + (
             f" at {float(b.rates[j]):.3g} req/s per instance" if b.rates is not None else "")
         frontier.append(ParetoPoint(label=label, output_tokens_per_s_per_gpu=float(per_gpu[k]),
                                     tokens_per_s_per_user=float(per_user[k]), meets_slo=bool(b.meets[j])))
@@ -678,7 +678,7 @@ def _pareto(points: list[_Points], cands: list[Candidate]) -> tuple[ParetoPoint,
     return tuple(frontier)
 
 
-def _describe_config(d: Deployment, instances: bool = False) -> str:
+def describe_deployment(d: Deployment, instances: bool = False) -> str:
     """'mixed 3x h100-sxm tp4', 'chunked h200-sxm tp2, chunk 512', 'disaggregated ... prefill + ... decode'."""
     def pool(p: Pool) -> str:
         return (f"{p.instances}x " if instances or d.mode == "disaggregated" else "") + f"{p.gpu} {_layout(p)}"
