@@ -742,7 +742,7 @@ def plan(
     show_all: Annotated[bool, typer.Option("--all", help=f"list every candidate (default: the best {SHOWN})")] = False,
     calibration: CalibrationOpt = None,
     emit: Annotated[str | None, typer.Option(help="also print the best deployment's launch commands: vllm, "
-                                                  "sglang, or k8s (manifests)")] = None,
+                                                  "sglang, trtllm, dynamo, or k8s (manifests)")] = None,
     model_path: Annotated[str | None, typer.Option(help="with --emit: what the engine loads (default: the model's "
                                                         "Hugging Face repo)")] = None,
     as_json: JsonOpt = False,
@@ -751,7 +751,7 @@ def plan(
     **shared: Any,
 ) -> int:
     """The deployment (mode, GPU, tp, instances) that meets the SLO at the rate, and why (exit 1: none does);
-    with --emit, the commands that run it on vLLM or SGLang."""
+    with --emit, the commands that run it on vLLM, SGLang, TensorRT-LLM or Dynamo."""
     from . import service as s
     from .cli_export import plan_rows, plot_plan
 
@@ -804,6 +804,8 @@ def _print_launch(launch: Any) -> None:
     if launch.router_command is not None:
         out.print(escape("# router"), highlight=False)
         out.print(escape(launch.router_command), highlight=False, soft_wrap=True)
+    for name, text in (launch.files or {}).items():
+        out.print(escape(f"# file {name}:\n{text}"), highlight=False, soft_wrap=True)
     for note in launch.notes:
         out.print(escape(f"# note: {note}"), highlight=False, soft_wrap=True)
 

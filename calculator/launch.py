@@ -1,8 +1,9 @@
 """``to_launch``: a deployment as the commands that run it on a real engine, one per pool, or as Kubernetes
 manifests (``k8s``: vLLM's commands in a Deployment and a Service per pool).
 
-vLLM (0.8+, its V1 engine; the flags of ``vllm serve`` in 0.32) and SGLang (``python -m
-sglang.launch_server``, with ``sglang_router`` in front of disaggregated pools). Each pool's command
+vLLM (0.8+, its V1 engine; the flags of ``vllm serve`` in 0.32), SGLang (``python -m
+sglang.launch_server``, the flags of 0.5.23, with ``sglang_router`` in front of disaggregated pools),
+TensorRT-LLM (``trtllm-serve``, 1.x, PyTorch backend) and NVIDIA Dynamo (its vLLM workers and frontend). Each pool's command
 starts one instance; ``replicas`` says how many to run. What an engine cannot express is an
 ``InputError`` naming the field and the reason, never a silent approximation:
 
@@ -12,8 +13,9 @@ starts one instance; ``replicas`` says how many to run. What an engine cannot ex
   which the command cannot create: the model path must name one, and the command says so.
 - SGLang has no context parallelism for ordinary attention; vLLM's is ``--prefill-context-parallel-size``.
 
-The vLLM command lines are checked by vLLM's own argument parser in the test suite (where the CPU
-build is installed), so a flag that vLLM renames fails there.
+The vLLM command lines (and the vLLM engine flags of Dynamo's workers) are checked by vLLM's own
+argument parser, and the SGLang ones by SGLang's ``ServerArgs`` parser, in the test suite (where those
+CPU-installable packages are present; CI installs both), so a flag that an engine renames fails there.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from .arguments import choice, model_spec
 from .errors import InputError
 from .serving.base import Deployment, Pool
 
-Engine = Literal["vllm", "sglang", "k8s"]
-ENGINES: tuple[Engine, ...] = ("vllm", "sglang", "k8s")
+Engine = Literal["vllm", "sglang", "trtllm", "dynamo", "k8s"]
+ENGINES: tuple[Engine, ...] = ("vllm", "sglang", "trtllm", "dynamo", "k8s")
 K8S_IMAGE = "vllm/vllm-openai:latest"
 """The container image of the k8s manifests (vLLM's OpenAI server; pin a version in production)."""
 NODE_GPUS = 8
@@ -69,12 +71,15 @@ class Launch(BaseModel):
     router_command: str | None = None
     manifests: tuple[dict, ...] | None = Field(default=None, description="k8s: a Deployment and a Service per pool")
     manifests_yaml: str | None = Field(default=None, description="k8s: the same as one multi-document YAML")
+    files: dict[str, str] | None = Field(default=None, description="trtllm: the YAML files the commands read "
+                                         "(--config, the disaggregated router's -c), by file name")
     notes: tuple[str, ...] = ()
 
 
 def to_launch(model: str | ModelSpec, deployment: Deployment, engine: str, model_path: str | None = None,
               port: int = 8000) -> Launch:
-    """The commands that run ``deployment`` of ``model`` on ``engine`` (``vllm`` or ``sglang``).
+    """The commands that run ``deployment`` of ``model`` on ``engine`` (``vllm``, ``sglang``, ``trtllm``,
+    ``dynamo``; ``k8s``: vLLM's commands as Kubernetes manifests).
 
     ``model_path`` is what the engine loads (a Hugging Face repo id or a local folder); by default the
     model's ``hf_repo``. Each pool's instances listen on ``port`` (the prefill pool on ``port``, the
@@ -88,21 +93,23 @@ def to_launch(model: str | ModelSpec, deployment: Deployment, engine: str, model
         return _k8s(to_launch(m, deployment, "vllm", model_path, port))
     path = model_path or m.hf_repo or m.id
     notes: list[str] = []
-    build = _vllm if engine == "vllm" else _sglang
+    files: dict[str, str] = {}
+    build = {"vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm, "dynamo": _dynamo}[engine]
     if deployment.mode == "disaggregated":
         assert deployment.prefill is not None and deployment.decode is not None
-        pools = (build(m, path, deployment, deployment.prefill, "prefill", port, notes),
-                 build(m, path, deployment, deployment.decode, "decode", port + 1, notes))
-        router = _router(engine, port, notes)
+        pools = (build(m, path, deployment, deployment.prefill, "prefill", port, notes, files),
+                 build(m, path, deployment, deployment.decode, "decode", port + 1, notes, files))
+        router: tuple[str, ...] | None = _router(engine, port, pools, notes, files)
     else:
         assert deployment.pool is not None
-        pools = (build(m, path, deployment, deployment.pool, "serve", port, notes),)
-        router = None
-        if deployment.pool.instances > 1:
+        pools = (build(m, path, deployment, deployment.pool, "serve", port, notes, files),)
+        router = _frontend(port + 2, notes) if engine == "dynamo" else None
+        if deployment.pool.instances > 1 and engine != "dynamo":
             notes.append(f"run {deployment.pool.instances} replicas behind a load balancer (least outstanding "
                          "requests); each holds its own KV cache")
     return Launch(engine=engine, model=m.id, model_path=path, pools=pools, router=router,
-                  router_command=None if router is None else shlex.join(router), notes=tuple(dict.fromkeys(notes)))
+                  router_command=None if router is None else shlex.join(router), files=files or None,
+                  notes=tuple(dict.fromkeys(notes)))
 
 
 def _weights(m: ModelSpec, pool: Pool, where: str, notes: list[str]) -> str | None:
@@ -130,12 +137,33 @@ def _precision(m: ModelSpec, pool: Pool, where: str, notes: list[str], engine: s
     return flags
 
 
-def _vllm(m: ModelSpec, path: str, d: Deployment, pool: Pool, role: str, port: int, notes: list[str]) -> PoolLaunch:
+def _vllm(m: ModelSpec, path: str, d: Deployment, pool: Pool, role: str, port: int, notes: list[str],
+          files: dict[str, str]) -> PoolLaunch:
+    argv = ["vllm", "serve", path, "--port", str(port), *_vllm_engine_args(m, d, pool, role, notes)]
+    return PoolLaunch(role=role, replicas=pool.instances, gpus_per_replica=pool.num_gpus // pool.instances, argv=tuple(argv),  # type: ignore[arg-type]
+                      command=shlex.join(argv), port=port)
+
+
+def _dynamo(m: ModelSpec, path: str, d: Deployment, pool: Pool, role: str, port: int, notes: list[str],
+            files: dict[str, str]) -> PoolLaunch:
+    """A Dynamo vLLM worker: vLLM's engine flags (Dynamo hands them to vLLM's own parser) and, in a
+    disaggregated deployment, the worker's role; the frontend on ``port + 2`` serves HTTP and routes."""
+    argv = ["python", "-m", "dynamo.vllm", "--model", path, *_vllm_engine_args(m, d, pool, role, notes)]
+    if role != "serve":
+        argv += ["--disaggregation-mode", role]
+    notes.append("Dynamo's components find each other through its discovery service (etcd and NATS, or its "
+                 "Kubernetes operator): start those first; each worker registers itself with the frontend")
+    return PoolLaunch(role=role, replicas=pool.instances, gpus_per_replica=pool.num_gpus // pool.instances, argv=tuple(argv),  # type: ignore[arg-type]
+                      command=shlex.join(argv), port=port)
+
+
+def _vllm_engine_args(m: ModelSpec, d: Deployment, pool: Pool, role: str, notes: list[str]) -> list[str]:
+    """vLLM's engine flags for one pool (what ``vllm serve`` and a Dynamo vLLM worker both take)."""
     where = f"deployment.{'pool' if role == 'serve' else role}"
     if d.mode == "mixed" and d.scheduler == "prefill_first":
         raise InputError("deployment.scheduler", "vLLM V1 puts new prompts into the running decodes' step (pdplan's "
                          "'hybrid'); 'prefill_first' is vLLM V0's behaviour, which 0.8+ cannot be set to")
-    argv = ["vllm", "serve", path, "--port", str(port), "--tensor-parallel-size", str(pool.tp),
+    argv = ["--tensor-parallel-size", str(pool.tp),
             "--gpu-memory-utilization", str(GPU_MEMORY_UTILISATION), "--max-num-seqs", str(pool.max_batch)]
     if pool.pp > 1:
         argv += ["--pipeline-parallel-size", str(pool.pp)]
@@ -160,8 +188,7 @@ def _vllm(m: ModelSpec, path: str, d: Deployment, pool: Pool, role: str, port: i
         if d.kv_transfer == "blocking":
             notes.append("kv_transfer 'blocking' describes a synchronous connector; the command uses NIXL, which "
                          "overlaps the move")
-    return PoolLaunch(role=role, replicas=pool.instances, gpus_per_replica=pool.num_gpus // pool.instances, argv=tuple(argv),  # type: ignore[arg-type]
-                      command=shlex.join(argv), port=port)
+    return argv
 
 
 def _vllm_spec(pool: Pool, where: str) -> dict[str, object]:
@@ -175,7 +202,8 @@ def _vllm_spec(pool: Pool, where: str) -> dict[str, object]:
     return {"model": s.draft_model, "num_speculative_tokens": s.tokens}
 
 
-def _sglang(m: ModelSpec, path: str, d: Deployment, pool: Pool, role: str, port: int, notes: list[str]) -> PoolLaunch:
+def _sglang(m: ModelSpec, path: str, d: Deployment, pool: Pool, role: str, port: int, notes: list[str],
+            files: dict[str, str]) -> PoolLaunch:
     where = f"deployment.{'pool' if role == 'serve' else role}"
     if pool.cp > 1:
         raise InputError(f"{where}.cp", "SGLang has no context parallelism for this model's attention; plan "
@@ -188,8 +216,8 @@ def _sglang(m: ModelSpec, path: str, d: Deployment, pool: Pool, role: str, port:
             "--max-running-requests", str(pool.max_batch * pool.dp)]
     if pool.pp > 1:
         argv += ["--pp-size", str(pool.pp)]
-    if pool.dp > 1:  # SGLang's DP attention: tp-size counts every GPU, dp-size the attention ranks
-        argv += ["--dp-size", str(pool.dp), "--enable-dp-attention"]
+    if pool.dp > 1:  # SGLang's DP attention: tp-size counts every GPU, attn-dp-size the attention ranks
+        argv += ["--attn-dp-size", str(pool.dp)]
     if pool.ep > 1:
         argv += ["--ep-size", str(pool.ep)]
     argv += _precision(m, pool, where, notes, "SGLang", "fp8_e4m3")
@@ -211,8 +239,85 @@ def _sglang(m: ModelSpec, path: str, d: Deployment, pool: Pool, role: str, port:
                       command=shlex.join(argv), port=port)
 
 
-def _router(engine: Engine, port: int, notes: list[str]) -> tuple[str, ...]:
+def _trtllm(m: ModelSpec, path: str, d: Deployment, pool: Pool, role: str, port: int, notes: list[str],
+            files: dict[str, str]) -> PoolLaunch:
+    """``trtllm-serve`` (PyTorch backend) with the options it takes only from its ``--config`` YAML:
+    attention data-parallelism, the fp8 KV cache, speculative decoding and the KV cache transceiver."""
+    where = f"deployment.{'pool' if role == 'serve' else role}"
+    if d.mode == "mixed" and d.scheduler == "prefill_first":
+        raise InputError("deployment.scheduler", "TensorRT-LLM's in-flight batching puts new prompts into the "
+                         "running decodes' step (pdplan's 'hybrid'); it has no 'prefill_first' setting")
+    if pool.cp > 1:
+        raise InputError(f"{where}.cp", "TensorRT-LLM's context parallelism is set per model family (cp_config); "
+                         "pdplan does not emit it: plan without cp (cps=[]) for TensorRT-LLM")
+    if pool.dp > 1 and pool.tp > 1:
+        raise InputError(f"{where}.tp", "TensorRT-LLM's attention data-parallelism runs attention at tp 1 on "
+                         "every GPU (enable_attention_dp); a dp pool with tp > 1 has no TensorRT-LLM setting")
+    w = pool.weight_dtype
+    if w not in ("bf16", "fp16", "fp32") and w != m.checkpoint_dtype:
+        notes.append(f"{where}: TensorRT-LLM does not quantise at load time: pass a {w} checkpoint (e.g. NVIDIA's "
+                     "ModelOpt FP8/NVFP4 checkpoints) as the model")
+    tokens = d.chunk_tokens if d.mode == "chunked" else d.max_batched_tokens
+    config_name = f"trtllm-{role}.yaml"
+    argv = ["trtllm-serve", path, "--host", "0.0.0.0", "--port", str(port), "--backend", "pytorch",
+            "--tp_size", str(pool.tp * pool.dp), "--max_batch_size", str(pool.max_batch),
+            "--max_num_tokens", str(tokens), "--kv_cache_free_gpu_memory_fraction", str(GPU_MEMORY_UTILISATION)]
+    if pool.pp > 1:
+        argv += ["--pp_size", str(pool.pp)]
+    if pool.ep > 1:
+        argv += ["--ep_size", str(pool.ep)]
+    if d.mode == "chunked":
+        argv += ["--enable_chunked_prefill"]
+    config: dict[str, object] = {}
+    if pool.dp > 1:
+        config["enable_attention_dp"] = True
+    if pool.kv_dtype == "fp8":
+        config["kv_cache_config"] = {"dtype": "fp8"}
+    elif pool.kv_dtype not in ("bf16", "fp16"):
+        raise InputError(f"{where}.kv_dtype", f"TensorRT-LLM's KV cache is 16-bit or fp8, not {pool.kv_dtype}")
+    if pool.spec is not None:
+        s = pool.spec
+        if s.kind == "eagle":
+            raise InputError(f"{where}.spec", "TensorRT-LLM's EAGLE needs the draft head's path "
+                             "(speculative_config.speculative_model_dir), which pdplan does not know")
+        config["speculative_config"] = ({"decoding_type": "MTP", "num_nextn_predict_layers": s.tokens}
+                                        if s.kind == "mtp" else
+                                        {"decoding_type": "DraftTarget", "max_draft_len": s.tokens,
+                                         "speculative_model_dir": str(s.draft_model)})
+    if role != "serve":
+        config["cache_transceiver_config"] = {"backend": "DEFAULT"}
+        if role == "prefill":
+            config["disable_overlap_scheduler"] = True  # a context server returns after one step
+    if config:
+        import yaml
+
+        files[config_name] = yaml.safe_dump(config, sort_keys=False)
+        argv += ["--config", config_name]
+    return PoolLaunch(role=role, replicas=pool.instances, gpus_per_replica=pool.num_gpus // pool.instances, argv=tuple(argv),  # type: ignore[arg-type]
+                      command=shlex.join(argv), port=port)
+
+
+def _frontend(port: int, notes: list[str]) -> tuple[str, ...]:
+    notes.append("the Dynamo frontend serves the OpenAI API and routes to the registered workers")
+    return ("python", "-m", "dynamo.frontend", "--http-port", str(port))
+
+
+def _router(engine: Engine, port: int, pools: tuple[PoolLaunch, ...], notes: list[str],
+            files: dict[str, str]) -> tuple[str, ...]:
+    if engine == "dynamo":
+        return _frontend(port + 2, notes)
     prefill, decode = f"http://PREFILL_HOST:{port}", f"http://DECODE_HOST:{port + 1}"
+    if engine == "trtllm":
+        notes.append("replace PREFILL_HOST and DECODE_HOST in trtllm-disagg.yaml with the instances' addresses (one "
+                     "url per instance)")
+        import yaml
+
+        files["trtllm-disagg.yaml"] = yaml.safe_dump({
+            "hostname": "0.0.0.0", "port": port + 2, "backend": "pytorch",
+            "context_servers": {"num_instances": pools[0].replicas, "urls": [f"PREFILL_HOST:{port}"]},
+            "generation_servers": {"num_instances": pools[1].replicas, "urls": [f"DECODE_HOST:{port + 1}"]},
+        }, sort_keys=False)
+        return ("trtllm-serve", "disaggregated", "-c", "trtllm-disagg.yaml")
     notes.append("replace PREFILL_HOST and DECODE_HOST with the instances' addresses (one --prefill / --decode per "
                  "instance)")
     if engine == "sglang":

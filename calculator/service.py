@@ -318,7 +318,7 @@ class PlanRequest(_Request):
     calibration: Efficiency | None = Field(default=None, description="efficiencies replacing every candidate GPU's "
                                            "(from pdplan validate or POST /v1/calibrate)")
     emit: Engine | None = Field(default=None, description="also return the best deployment as launch commands for "
-                                "this engine (vllm or sglang), or as Kubernetes manifests (k8s)")
+                                "this engine (vllm, sglang, trtllm or dynamo), or as Kubernetes manifests of vLLM (k8s)")
     model_path: str | None = Field(default=None, max_length=512, description="with emit: what the engine loads (a "
                                    "Hugging Face repo id or a local folder); default the model's hf_repo")
 

@@ -18,12 +18,13 @@ def reference_catalog():
     return {r["name"]: r for r in yaml.safe_load(path.read_text())["models"]}
 
 
-def engine_python() -> str | None:
-    """The Python that has vLLM's CPU build: ``$PDPLAN_ENGINE_PYTHON``, else the checkout's ``.engine-venv``."""
+def engine_python(variable: str = "PDPLAN_ENGINE_PYTHON", venv: str = ".engine-venv") -> str | None:
+    """The Python that has vLLM's CPU build: ``$PDPLAN_ENGINE_PYTHON``, else the checkout's ``.engine-venv``
+    (SGLang's: ``engine_python("PDPLAN_SGLANG_PYTHON", ".sglang-venv")``)."""
     import os
 
-    given = os.environ.get("PDPLAN_ENGINE_PYTHON")
+    given = os.environ.get(variable)
     if given:
         return given
-    local = Path(__file__).resolve().parents[1] / ".engine-venv" / "bin" / "python"
+    local = Path(__file__).resolve().parents[1] / venv / "bin" / "python"
     return str(local) if local.exists() else None

@@ -67,8 +67,8 @@ def test_sglang_commands_and_router() -> None:
     d = _deployments()
     dep = to_launch("deepseek-v3", d["dep"], "sglang")
     decode = dep.pools[1].argv
-    # SGLang counts every GPU in --tp-size and the attention ranks in --dp-size
-    assert _flag(decode, "--tp-size") == "8" and _flag(decode, "--dp-size") == "8" and "--enable-dp-attention" in decode
+    # SGLang counts every GPU in --tp-size and the attention ranks in --attn-dp-size
+    assert _flag(decode, "--tp-size") == "8" and _flag(decode, "--attn-dp-size") == "8" and "--dp-size" not in decode
     assert _flag(decode, "--ep-size") == "8" and _flag(decode, "--disaggregation-mode") == "decode"
     assert _flag(decode, "--speculative-algorithm") == "NEXTN"
     assert dep.router is not None and "--pd-disaggregation" in dep.router
@@ -89,8 +89,15 @@ def test_what_an_engine_cannot_express_is_an_error() -> None:
     eagle = pc.Deployment(mode="mixed", pool=pc.Pool(gpu="h100-sxm", spec=pc.Speculation(kind="eagle")))
     with pytest.raises(InputError, match="draft head"):
         to_launch("llama-3.1-8b", eagle, "vllm")
+    for engine in ("trtllm", "dynamo", "sglang"):
+        with pytest.raises(InputError, match="prefill_first"):
+            to_launch("llama-3.1-8b", v0, engine)
     with pytest.raises(InputError, match="engine"):
-        to_launch("llama-3.1-8b", v0, "trtllm")
+        to_launch("llama-3.1-8b", v0, "tgi")
+    with pytest.raises(InputError, match=r"deployment\.pool\.cp"):
+        to_launch("llama-3.1-70b", cp, "trtllm")
+    with pytest.raises(InputError, match="draft head"):
+        to_launch("llama-3.1-8b", eagle, "trtllm")
     int4 = pc.Deployment(mode="mixed", pool=pc.Pool(gpu="h100-sxm", weight_dtype="int4"))
     assert any("pre-quantised checkpoint" in n for n in to_launch("llama-3.1-8b", int4, "vllm").notes)
 
@@ -111,16 +118,83 @@ def test_plan_emits_the_best_deployment() -> None:
 
 
 
+TRTLLM_SERVE_OPTIONS = frozenset({
+    "--host", "--port", "--backend", "--max_batch_size", "--max_num_tokens", "--max_seq_len", "--tp_size",
+    "--pp_size", "--cp_size", "--ep_size", "--kv_cache_free_gpu_memory_fraction", "--enable_chunked_prefill",
+    "--config", "--extra_llm_api_options", "--server_role", "--trust_remote_code"})
+"""Options of ``trtllm-serve`` (its click command in NVIDIA/TensorRT-LLM tensorrt_llm/commands/serve.py,
+1.x). TensorRT-LLM needs a GPU to install, so its parser cannot run here; the emitted flags are
+checked against these names instead."""
+TRTLLM_CONFIG_KEYS = frozenset({"enable_attention_dp", "kv_cache_config", "speculative_config",
+                                "cache_transceiver_config", "disable_overlap_scheduler"})
+"""``--config`` YAML keys pdplan writes: fields of TensorRT-LLM's ``LlmArgs`` (tensorrt_llm/llmapi/llm_args.py)."""
+
+
+def test_trtllm_commands_and_config_files() -> None:
+    import yaml
+
+    d = _deployments()
+    dep = to_launch("deepseek-v3", d["dep"], "trtllm")
+    prefill, decode = dep.pools
+    assert prefill.argv[:2] == ("trtllm-serve", "deepseek-ai/DeepSeek-V3") and _flag(prefill.argv, "--tp_size") == "8"
+    assert _flag(decode.argv, "--tp_size") == "8" and _flag(decode.argv, "--ep_size") == "8"
+    dec = yaml.safe_load(dep.files[_flag(decode.argv, "--config")])
+    assert dec["enable_attention_dp"] is True
+    assert dec["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 2}
+    assert dec["cache_transceiver_config"] == {"backend": "DEFAULT"}
+    pre = yaml.safe_load(dep.files[_flag(prefill.argv, "--config")])
+    assert pre["disable_overlap_scheduler"] is True and "enable_attention_dp" not in pre
+    router = yaml.safe_load(dep.files["trtllm-disagg.yaml"])
+    assert dep.router == ("trtllm-serve", "disaggregated", "-c", "trtllm-disagg.yaml")
+    assert router["context_servers"]["num_instances"] == 1 and router["generation_servers"]["urls"] == ["DECODE_HOST:8001"]
+    mixed = to_launch("llama-3.1-70b", d["mixed"], "trtllm")
+    (pool,) = mixed.pools
+    assert yaml.safe_load(mixed.files[_flag(pool.argv, "--config")]) == {"kv_cache_config": {"dtype": "fp8"}}
+    assert any("does not quantise at load time" in n for n in mixed.notes)  # fp8 weights of a bf16 checkpoint
+    chunked = to_launch("llama-3.1-70b", d["chunked"], "trtllm").pools[0].argv
+    assert "--enable_chunked_prefill" in chunked and _flag(chunked, "--max_num_tokens") == "512"
+    assert _flag(chunked, "--pp_size") == "2" and "--config" not in chunked
+    for launch in (dep, mixed, to_launch("llama-3.1-70b", d["disaggregated"], "trtllm")):
+        for p in launch.pools:
+            assert {a for a in p.argv if a.startswith("--")} <= TRTLLM_SERVE_OPTIONS, p.argv
+        for name, text in (launch.files or {}).items():
+            if name != "trtllm-disagg.yaml":
+                assert set(yaml.safe_load(text)) <= TRTLLM_CONFIG_KEYS, name
+    with pytest.raises(InputError, match=r"deployment\.decode\.tp: .*attention data-parallelism"):
+        to_launch("deepseek-v3", pc.Deployment(mode="disaggregated", prefill=pc.Pool(gpu="h200-sxm", tp=8),
+                                                decode=pc.Pool(gpu="h200-sxm", tp=2, dp=4, ep=8)), "trtllm")
+
+
+def test_dynamo_workers_and_frontend() -> None:
+    d = _deployments()
+    dis = to_launch("llama-3.1-70b", d["disaggregated"], "dynamo")
+    prefill, decode = dis.pools
+    assert prefill.argv[:5] == ("python", "-m", "dynamo.vllm", "--model", "meta-llama/Llama-3.1-70B")
+    assert _flag(prefill.argv, "--disaggregation-mode") == "prefill" and _flag(decode.argv, "--disaggregation-mode") == "decode"
+    assert json.loads(_flag(decode.argv, "--kv-transfer-config"))["kv_connector"] == "NixlConnector"
+    assert dis.router == ("python", "-m", "dynamo.frontend", "--http-port", "8002")
+    assert [p.replicas for p in dis.pools] == [3, 2] and "--port" not in prefill.argv
+    mixed = to_launch("llama-3.1-70b", d["mixed"], "dynamo")
+    assert mixed.router is not None and "--disaggregation-mode" not in mixed.pools[0].argv
+    assert any("etcd" in n for n in mixed.notes)
+
+
 PARSE = """
 import json, sys
 from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
 from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.engine.arg_utils import AsyncEngineArgs
 out = []
-for argv in json.load(sys.stdin):
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+for kind, argv in json.load(sys.stdin):
     try:
-        args = parser.parse_args(argv)
-        validate_parsed_serve_args(args)
+        if kind == "serve":
+            parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+            args = parser.parse_args(argv)
+            validate_parsed_serve_args(args)
+        else:  # a Dynamo vLLM worker's engine flags: Dynamo hands them to this parser
+            parser = FlexibleArgumentParser()
+            AsyncEngineArgs.add_cli_args(parser)
+            AsyncEngineArgs.from_cli_args(parser.parse_args(argv))
         out.append(None)
     except SystemExit as e:
         out.append(f"exit {e.code}")
@@ -141,15 +215,64 @@ def test_vllm_parses_the_commands() -> None:
         pytest.skip(msg)
     cases = [(name, model, to_launch(model, dep, "vllm")) for name, model, dep in (
         (n, "deepseek-v3" if n == "dep" else "llama-3.1-70b", d) for n, d in _deployments().items())]
-    argvs = [list(p.argv[2:]) for _, _, launch in cases for p in launch.pools]  # after "vllm serve"
-    # a renamed flag must fail: the check is not vacuous
-    argvs.append([*argvs[0], "--max-num-sequences", "4"])
+    argvs = [("serve", list(p.argv[2:])) for _, _, launch in cases for p in launch.pools]  # after "vllm serve"
+    for name, dep in _deployments().items():  # Dynamo's workers, less Dynamo's own --disaggregation-mode
+        for p in to_launch("deepseek-v3" if name == "dep" else "llama-3.1-70b", dep, "dynamo").pools:
+            argv = list(p.argv[3:])
+            if "--disaggregation-mode" in argv:
+                i = argv.index("--disaggregation-mode")
+                del argv[i:i + 2]
+            argvs.append(("engine", argv))
+    # a renamed flag must fail, for both parsers: the check is not vacuous
+    argvs.append(("serve", [*argvs[0][1], "--max-num-sequences", "4"]))
+    argvs.append(("engine", [*argvs[-2][1], "--max-num-sequences", "4"]))
     r = subprocess.run([python, "-c", PARSE], input=json.dumps(argvs), capture_output=True, text=True, timeout=300,
                        check=False, env={**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     verdicts = json.loads(r.stdout.strip().splitlines()[-1])
-    assert verdicts[:-1] == [None] * (len(argvs) - 1), list(zip(argvs, verdicts))
-    assert verdicts[-1] is not None
+    assert verdicts[:-2] == [None] * (len(argvs) - 2), list(zip(argvs, verdicts))
+    assert verdicts[-2] is not None and verdicts[-1] is not None
+
+
+SGLANG_PARSE = """
+import argparse, json, sys
+from sglang.srt.server_args import ServerArgs
+out = []
+for argv in json.load(sys.stdin):
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    try:
+        args = parser.parse_args(argv)
+        out.append({"tp_size": args.tp_size, "attn_dp_size": getattr(args, "attn_dp_size", None)})
+    except SystemExit as e:
+        out.append(f"exit {e.code}")
+print(json.dumps(out))
+"""
+
+
+def test_sglang_parses_the_commands() -> None:
+    """SGLang's own ``ServerArgs`` argument parser (it imports without a GPU; CI installs it in
+    ``.sglang-venv``) takes every emitted SGLang command, and refuses a renamed flag."""
+    python = engine_python("PDPLAN_SGLANG_PYTHON", ".sglang-venv")
+    probe = python and subprocess.run([python, "-c", "import sglang.srt.server_args"], capture_output=True,
+                                      timeout=120, check=False).returncode == 0
+    if not probe:
+        msg = f"SGLang is not importable by {python or '$PDPLAN_SGLANG_PYTHON'} (see .ci/run)"
+        if REQUIRE:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    launches = [to_launch("deepseek-v3" if n == "dep" else "llama-3.1-70b", d, "sglang") for n, d in _deployments().items()]
+    argvs = [list(p.argv[3:]) for launch in launches for p in launch.pools]  # after "python -m sglang.launch_server"
+    argvs.append([*argvs[0], "--max-num-seqs", "4"])  # vLLM's name for --max-running-requests
+    r = subprocess.run([python, "-c", SGLANG_PARSE], input=json.dumps(argvs), capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    verdicts = json.loads(r.stdout.strip().splitlines()[-1])
+    assert all(isinstance(v, dict) for v in verdicts[:-1]), list(zip(argvs, verdicts))
+    assert isinstance(verdicts[-1], str)
+    dep_decode = verdicts[len(argvs) - 2]  # the DeepSeek decode pool: 8 GPUs, 8 attention ranks
+    assert dep_decode == {"tp_size": 8, "attn_dp_size": 8}
+    assert "deprecated" not in r.stderr.lower(), r.stderr[-2000:]
 
 
 def test_k8s_manifests_validate_against_the_kubernetes_schema() -> None:
