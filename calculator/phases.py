@@ -359,6 +359,8 @@ def step_groups(
     else:
         attention = _roofline("attention", attn_flops / cp, attn_bytes / cp, rate, kernels, setup, share)
     groups.append(attention)
+    if m.mla is not None:
+        groups.extend(_mla_context_up_projection(setup, b * P * (phase == "prefill") + b_c * P_c))
 
     groups.extend(_communication(setup, T))
     if cp > 1:
@@ -394,6 +396,29 @@ def _context_parallel_comm(setup: Setup, S, b, phase: Phase, chunk, attention: G
     gather = np.where(decodes > 0, gather, 0.0)
     return _comm_group("cp_exchange", exposed + gather, L * (cp - 1) * kv_hop + L * partial * (cp - 1),
                        "p2p_time")
+
+
+def _mla_context_up_projection(setup: Setup, cached_tokens: np.ndarray) -> list[Group]:
+    """MLA prompt attention runs in the expanded head space (the non-absorbed path of vLLM's and SGLang's
+    MLA prefill), so the cached latents it attends to (a prefix-cache hit, a chunk's earlier chunks) are
+    up-projected to keys and values by W_UK and W_UV (``kv_b_proj``) in every step that reads them: a
+    linear layer of r x n_h (d_nope + d_v) weights per layer over the cached tokens (``gemm_flops``),
+    reading their latents and writing the expanded K and V (``gemm_activation_bytes``). Its weights are
+    already read by ``attention_proj``. Empty (no row) where no step reads a cached token."""
+    cached_tokens = np.asarray(cached_tokens, dtype=float)
+    if not np.any(cached_tokens > 0):
+        return []
+    m, v, mla = setup.model, setup.values, setup.model.mla
+    assert mla is not None
+    heads = m.num_attention_heads / setup.tp
+    expanded = heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    T = cached_tokens / setup.cp  # with cp each rank holds and up-projects its share of the context
+    return [_roofline(
+        "mla_up_projection",
+        f.gemm_flops(v, N_lin=mla.kv_lora_rank * expanded * m.num_layers, T=T),
+        f.gemm_activation_bytes(v, T=T, X_io=(mla.kv_lora_rank + mla.qk_rope_head_dim + expanded) * m.num_layers),
+        setup.gemm_rate_flops_per_s, m.num_layers * (cached_tokens > 0), setup,
+    )]
 
 
 def _attention_work(setup: Setup, S, P, b, phase: Phase) -> tuple[np.ndarray, np.ndarray]:

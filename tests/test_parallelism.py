@@ -143,6 +143,42 @@ def test_mla_kv_transfer_ships_a_latent_to_every_tensor_parallel_rank():
     assert e.kv_transfer_s == pytest.approx(8 * latent / (8 * 50e9 * 0.8) + 8e-6, rel=1e-6)
 
 
+def test_mla_prefix_hits_pay_the_up_projection_of_the_cached_latents():
+    """DeepSeek-V3 on H200 tp8, a 10,000-token prompt of which 8,000 are a prefix-cache hit: the 2,000 new
+    tokens attend in the expanded head space, so the 8,000 cached latents are up-projected by kv_b_proj
+    (512 -> 16 heads x (128 + 128) per GPU) in every layer; nothing else is charged for them."""
+    kw = {"isl": 10_000, "osl": 10, "weight_dtype": "fp8", "kv_dtype": "fp8", "tp": 8}
+    hit = pc.estimate("deepseek-v3", "h200-sxm", prefix_hit=0.8, **kw)
+    up = next(r for r in hit.rows if r.phase == "prefill" and r.group == "mla_up_projection")
+    assert up.flops == pytest.approx(2 * 8000 * 512 * 16 * 256 * 61)  # 2.05e12 FLOP per GPU
+    assert up.bytes == pytest.approx(2 * 8000 * (512 + 64 + 16 * 256) * 61)  # bf16 latents in, K and V out
+    proj = next(r for r in hit.rows if r.phase == "prefill" and r.group == "attention_proj")
+    cold = pc.estimate("deepseek-v3", "h200-sxm", **kw)
+    assert proj.flops == pytest.approx(0.2 * next(r.flops for r in cold.rows
+                                                  if r.phase == "prefill" and r.group == "attention_proj"))
+    # cheaper than prefilling all 10,000 tokens, dearer than 2,000 tokens with nothing cached
+    short = pc.estimate("deepseek-v3", "h200-sxm", **{**kw, "isl": 2000})
+    assert short.prefill_s < hit.prefill_s < cold.prefill_s
+    # decode runs absorbed in the latent space, and a model without MLA has no such row
+    assert not any(r.group == "mla_up_projection" for r in hit.rows if r.phase == "decode")
+    assert not any(r.group == "mla_up_projection" for r in cold.rows)
+    gqa = pc.estimate("llama-3.1-70b", "h200-sxm", prefix_hit=0.8, **kw)
+    assert not any(r.group == "mla_up_projection" for r in gqa.rows)
+
+
+def test_mla_chunks_up_project_their_earlier_chunks():
+    """A chunked MLA prompt re-reads the latents of its earlier chunks, expanded again in each step: a
+    hybrid step whose 512-token chunk follows 3,584 prefilled tokens up-projects those 3,584."""
+    from calculator.phases import Setup, step_groups
+
+    setup = Setup(pc.load_model("deepseek-v3"), pc.load_gpu("h200-sxm"), tp=8, weight_dtype="fp8", kv_dtype="fp8")
+    groups = step_groups(setup, S=1, P=999, b=16, phase="decode", chunk=(512, 3584))
+    up = next(g for g in groups if g.name == "mla_up_projection")
+    assert float(up.flops) == pytest.approx(2 * 3584 * 512 * 16 * 256 * 61)
+    first = step_groups(setup, S=1, P=999, b=16, phase="decode", chunk=(512, 0))
+    assert not any(g.name == "mla_up_projection" for g in first)
+
+
 def test_the_hardware_database_imports_nothing_of_the_calculator():
     import subprocess
     import sys
