@@ -393,10 +393,7 @@ def _process_pool(todo: list[tuple[str, dict[str, Any]]], workers: int, chunk: i
 
 
 def _ray(todo: list[tuple[str, dict[str, Any]]], address: str, chunk: int) -> Iterator[list[dict[str, Any]]]:
-    try:
-        import ray
-    except ImportError:
-        raise InputError("ray", "the ray package is not installed: pip install 'pdplan[fleet]'") from None
+    ray = _ray_module()
     started = False
     if not ray.is_initialized():
         try:
@@ -417,6 +414,33 @@ def _ray(todo: list[tuple[str, dict[str, Any]]], address: str, chunk: int) -> It
     finally:
         if started:
             ray.shutdown()
+
+
+RAY_CONNECT_TIMEOUT_S = 3.0
+
+
+def _ray_module() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise InputError("ray", "the ray package is not installed: pip install 'pdplan[fleet]'") from None
+    return ray
+
+
+def _reachable(address: str) -> None:
+    """A ``HOST:PORT`` Ray address must accept a TCP connection at once: ``ray.init`` would retry an
+    unreachable one for minutes. (``auto``, ``local`` and ``ray://`` addresses are Ray's to resolve.)"""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or "://" in address or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S):
+            pass
+    except OSError as e:
+        raise InputError("ray", f"cannot reach a Ray cluster at {address} ({e.strerror or e}); start one with "
+                                "'ray start --head' or pass its HOST:PORT, 'auto' or 'local'") from None
 
 
 def _take(it: Iterator[Any], n: int) -> list[Any]:
@@ -450,6 +474,9 @@ def plan_many(scenarios: list[tuple[str, dict[str, Any]]] | str | os.PathLike[st
         raise InputError("out", f"{out_path}: write .csv or .parquet")
     if out_path is not None and out_path.suffix.lower() == ".parquet":
         _pyarrow("out")
+    if ray_address is not None:  # before any output is written: no half-started run for a bad address
+        _ray_module()
+        _reachable(ray_address)
     journal = _Journal(out_path, resume) if out_path is not None else None
     try:
         done = journal.done if journal is not None else {}

@@ -163,6 +163,19 @@ def test_cli_batch(tmp_path: Path) -> None:
     assert bad.returncode == 4 and "write .csv or .parquet" in bad.stderr
 
 
+def test_an_unreachable_ray_address_fails_at_once_and_writes_nothing(tmp_path: Path) -> None:
+    import socket
+
+    pytest.importorskip("ray")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t = time.monotonic()
+    with pytest.raises(InputError, match=r"ray: cannot reach a Ray cluster at 127\.0\.0\.1"):
+        plan_many(scenarios(3), ray_address=f"127.0.0.1:{port}", out=tmp_path / "r.csv")
+    assert time.monotonic() - t < 10 and not (tmp_path / "r.csv").exists()
+
+
 def test_ray_cluster_gives_the_process_pools_rows() -> None:
     """A Ray head on 127.0.0.1 (``ray start``), a few hundred plans through it: the same rows as the
     process pool, bit for bit. CI sets PDPLAN_REQUIRE_RAY=1 so a missing Ray fails there."""
