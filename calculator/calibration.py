@@ -19,7 +19,7 @@ from hardware_db.schema import Efficiency, GPUSpec
 
 from .arguments import as_model, from_validation_error
 from .errors import InputError
-from .files import read_text_file
+from .files import read_text_file, yaml_document
 from .limits import MAX_CONFIG_BYTES
 
 
@@ -27,10 +27,7 @@ def load_calibration(path: str | os.PathLike[str]) -> Efficiency:
     """The ``efficiency`` mapping of a calibration YAML file (``InputError`` on ``calibration`` if not)."""
     p = Path(path)
     text = read_text_file(p, "calibration", MAX_CONFIG_BYTES)
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise InputError("calibration", f"{p} is not valid YAML: {e}") from None
+    raw = yaml_document(text, str(p), "calibration")
     if not isinstance(raw, dict) or not isinstance(raw.get("efficiency"), dict):
         raise InputError("calibration", f"{p} needs an 'efficiency' mapping")
     try:

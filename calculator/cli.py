@@ -1118,18 +1118,13 @@ def schedule(
 ) -> None:
     """A day of traffic windows on fixed GPU types (POST /v1/schedule): disaggregated pools scaled on their own,
     colocated autoscaling and one static deployment, in GPU-hours, window by window."""
-    import yaml
 
     from . import service as s
-    from .errors import InputError
-    from .files import read_text_file
+    from .files import read_text_file, yaml_document
     from .limits import MAX_CONFIG_BYTES
 
     text = read_text_file(profile, "profile", MAX_CONFIG_BYTES)
-    try:
-        windows = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise InputError("profile", f"{profile} is not YAML or JSON: {e}") from None
+    windows = yaml_document(text, str(profile), "profile", "YAML or JSON")
     req = s.ScheduleRequest.model_validate({
         "model": _model_ref(model), "profile": windows, "gpus": gpu, "weight_dtype": weight_dtype,
         "kv_dtype": kv_dtype, "slo": {"ttft_s": parse_duration(ttft, "ttft"), "tpot_s": parse_duration(tpot, "tpot"),

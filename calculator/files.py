@@ -54,3 +54,24 @@ def json_lines(text: str, name: str, field: str):  # type: ignore[no-untyped-def
         except json.JSONDecodeError as e:
             raise InputError(field, f"{name}: line {i}, column {e.colno}: not JSON ({e.msg})") from None
         yield i, value
+
+
+def yaml_document(text: str, name: str, field: str, what: str = "YAML"):  # type: ignore[no-untyped-def]
+    """A user's YAML (or JSON) document, safely: plain data only (``yaml.SafeLoader``), and no aliases
+    (``*name``). A few lines of nested aliases expand to billions of nodes in anything that walks the
+    document (validation, hashing, an error message quoting it), so they are refused with the line,
+    not followed. Any YAML error is an ``InputError`` on ``field`` naming the file."""
+    import yaml
+
+    class _NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise InputError(field, f"{name}: line {mark.line + 1}, column {mark.column + 1}: YAML aliases "
+                                        "(*name) are not read; write the value out")
+            return super().compose_node(parent, index)
+
+    try:
+        return yaml.load(text, Loader=_NoAliases)
+    except yaml.YAMLError as e:
+        raise InputError(field, f"{name} is not valid {what}: {e}") from None

@@ -32,7 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import InputError
-from .files import read_text_file
+from .files import read_text_file, yaml_document
 
 MAX_SCENARIO_FILE_BYTES = 50_000_000
 MAX_SCENARIOS = 100_000
@@ -155,12 +155,7 @@ def read_scenarios(path: str | os.PathLike[str]) -> list[tuple[str, dict[str, An
         raw = [_dotted(r, lists, f"{p}: line {reader.line_num}") for r in reader]
         where = [f"{p}: data row {i}" for i in range(1, len(raw) + 1)]
     else:
-        import yaml
-
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise InputError("scenarios", f"{p}: not YAML, JSON or CSV ({e})") from None
+        doc = yaml_document(text, str(p), "scenarios", "YAML, JSON or CSV")
         defaults: dict[str, Any] = {}
         if isinstance(doc, dict):
             unknown = set(doc) - {"defaults", "scenarios"}

@@ -187,3 +187,22 @@ def test_ray_cluster_gives_the_process_pools_rows() -> None:
         on_ray = plan_many(items, ray_address=ray.address)
     assert on_ray == pool
     assert {r.status for r in pool} == {"feasible", "infeasible", "error"}
+
+
+def test_yaml_aliases_are_refused_in_every_user_file(tmp_path: Path) -> None:
+    """Seven lines of nested aliases name ten million list items: scenario files, calibration files and
+    schedule profiles refuse aliases with the line, instead of expanding them."""
+    from calculator.calibration import load_calibration
+
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{n}: &{n} [{', '.join([f'*{p}'] * 10)}]\n" for p, n in zip("abcdef", "bcdefg", strict=True))
+    for name, load in (("s.yaml", read_scenarios), ("cal.yaml", load_calibration)):
+        p = tmp_path / name
+        p.write_text(bomb)
+        with pytest.raises(InputError, match=r"line 2, column \d+: YAML aliases \(\*name\) are not read"):
+            load(p)
+    profile = tmp_path / "day.yaml"
+    profile.write_text("- &w {label: a, duration_s: 3600, workload: {rate: 1, isl: 100, osl: 10}}\n- *w\n")
+    r = subprocess.run([*PDPLAN, "schedule", str(profile), "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
+                        "--ttft", "1s", "--tpot", "50ms"], check=False, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "line 2, column 3: YAML aliases" in r.stderr, r.stderr
