@@ -127,7 +127,7 @@ def _dotted(row: dict[str, str], lists: frozenset[str], where: str) -> dict[str,
         if len(parts) == 1 and parts[0] in lists:
             items = [x.strip() for x in value.split(LIST_SEPARATOR) if x.strip()]
             value = items if parts[0] in TEXT_LISTS else [_number(x) for x in items]
-        elif parts != ["model"]:
+        elif parts not in (["model"], ["id"]):  # names stay text: id '007' is not id '7'
             value = _number(value)
         node = out
         for p in parts[:-1]:

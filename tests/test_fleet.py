@@ -42,6 +42,9 @@ def test_yaml_defaults_and_csv_columns(tmp_path: Path) -> None:
     c.write_text("id,model,workload.rate,workload.isl,workload.osl,workload.isl_cv,slo.ttft_s,slo.tpot_s,gpus,tps\n"
                  "x,llama-3.1-8b,5,1000,200,,1,0.05,l4;h100-sxm,1;2\n")
     [(_, rx)] = read_scenarios(c)
+    ids = tmp_path / "ids.csv"
+    ids.write_text("id,model\n007,m\n7,m\n")
+    assert [sid for sid, _ in read_scenarios(ids)] == ["007", "7"]  # ids stay text, so these two differ
     assert rx == {"model": "llama-3.1-8b", "workload": {"rate": 5, "isl": 1000, "osl": 200},
                   "slo": {"ttft_s": 1, "tpot_s": 0.05}, "gpus": ["l4", "h100-sxm"], "tps": [1, 2]}
 
