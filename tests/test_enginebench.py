@@ -292,3 +292,25 @@ def test_report_checks_orderings_and_bounds(tmp_path: Path) -> None:
 
 def by_widened(r: results.ServingReport) -> dict[str, bool]:
     return {c.name: c.passed for c in report.checks(r, widen=2.0)}
+
+
+def test_a_cpu_without_native_bf16_serves_and_predicts_in_fp32() -> None:
+    """On an AVX2-only CPU vLLM emulates bf16 (~20x slower steps), so the run serves fp32; the engine's
+    --dtype, the fitted design and the predicted deployment all follow the run's precision."""
+    bf16 = engine.server_argv("py", Path("/m"), "n", 9000, engine.CONFIGS["off"])
+    assert bf16[bf16.index("--dtype") + 1] == "bfloat16"
+    argv = engine.server_argv("py", Path("/m"), "n", 9000, engine.CONFIGS["off"], dtype="fp32")
+    assert argv[argv.index("--dtype") + 1] == "float32"
+    pool = predict.deployment(engine.CONFIGS["chunk64"], "cpu-local", "fp32").pool
+    assert (pool.weight_dtype, pool.kv_dtype) == ("fp32", "fp32")
+    from calculator.microbench.ceilings import device_spec
+    from calculator.microbench.results import Ceilings
+
+    gpu = device_spec(Ceilings(device="cpu", device_name="AVX2 CPU", threads=1, dtype="fp32", matmul=(),
+                               matmul_flops_per_s=44e9, copy_bytes=2**27, copy_time_s=0.01,
+                               memory_bytes_per_s=2**28 / 0.01, memory_total_bytes=24e9))
+    # fp32 weights and KV: twice the bytes of bf16, so a lone decode step is about twice as long
+    ratio = predict.decode_step_s(gpu, 512, 1, "fp32") / predict.decode_step_s(gpu, 512, 1, "bf16")
+    assert 1.6 < ratio <= 2.0
+    big = predict.with_link(gpu, 512, 0.01, "fp32").scaleout_bandwidth_gb_s
+    assert big == pytest.approx(2 * predict.with_link(gpu, 512, 0.01, "bf16").scaleout_bandwidth_gb_s)

@@ -1,7 +1,7 @@
 """vLLM's OpenAI-compatible server as a child process: its command line per configuration, start-up
 bounded in time, and a stop that always ends the whole process group it started (by its own PID).
 
-The CPU build's snags (see docs/validation/serving.md): the module entry point rather than the
+The CPU build's snags (see docs/engine-validation.md): the module entry point rather than the
 ``vllm`` console script, ``--block-size`` a multiple of 32, the KV cache space in GiB by
 ``VLLM_CPU_KVCACHE_SPACE``, and the engine's OpenMP threads pinned by ``VLLM_CPU_OMP_THREADS_BIND``.
 Prefix caching is off: the serving model under test charges every prompt in full.
@@ -67,10 +67,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "fp32": "float32"}
+"""The engine's ``--dtype`` for the precision the model is served in (bf16 where the CPU computes it
+natively, else fp32: ``calculator.microbench.ceilings.model_dtype``)."""
+
+
 def server_argv(python: str, model_dir: Path, served_name: str, port: int, cfg: EngineConfig,
-                kv_role: str | None = None, kv_dir: Path | None = None) -> list[str]:
+                kv_role: str | None = None, kv_dir: Path | None = None, dtype: str = "bf16") -> list[str]:
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--served-model-name", served_name, "--host", HOST, "--port", str(port), "--dtype", "bfloat16",
+            "--served-model-name", served_name, "--host", HOST, "--port", str(port), "--dtype", TORCH_DTYPE_NAMES[dtype],
             "--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN),
             "--max-num-seqs", str(MAX_NUM_SEQS), "--no-enable-prefix-caching",
             "--max-num-batched-tokens", str(cfg.budget_tokens), "--distributed-executor-backend", "uni",

@@ -28,9 +28,9 @@ hundred requests per point takes seconds; decode steps are dominated by the engi
 as they are for small models on real engines."""
 
 
-def write_model(out_dir: Path, spec: ModelSpec = ENGINE_MODEL, seed: int = 0) -> Path:
-    """Write config, bf16 random weights and the word-level tokenizer of ``spec`` under ``out_dir`` (needs
-    torch, transformers and tokenizers: the ``bench`` extra)."""
+def write_model(out_dir: Path, spec: ModelSpec = ENGINE_MODEL, seed: int = 0, dtype: str = "bf16") -> Path:
+    """Write config, random weights in ``dtype`` (bf16 or fp32) and the word-level tokenizer of ``spec`` under
+    ``out_dir`` (needs torch, transformers and tokenizers: the ``bench`` extra)."""
     import torch
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -51,7 +51,7 @@ def write_model(out_dir: Path, spec: ModelSpec = ENGINE_MODEL, seed: int = 0) ->
         tie_word_embeddings=spec.tie_word_embeddings, rms_norm_eps=1e-5,
     )
     torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    model = transformers.LlamaForCausalLM(config).to({"bf16": torch.bfloat16, "fp32": torch.float32}[dtype])
     transformers.utils.logging.disable_progress_bar()  # the CLI draws its own; keep stderr to it
     try:
         model.save_pretrained(out_dir)

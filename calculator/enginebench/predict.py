@@ -37,26 +37,26 @@ class StepPoint:
     chunk: int | None = None
 
 
-def chunked_prefill_design(device: GPUSpec, tokens: int, chunk: int) -> Design:
+def chunked_prefill_design(device: GPUSpec, tokens: int, chunk: int, dtype: str = "bf16") -> Design:
     """One design row: a lone prompt of ``tokens`` prefilled in steps of ``chunk`` tokens, each after the
     ones before it (their KV is its prefix)."""
     starts = np.arange(0, tokens, chunk)
     pieces = np.minimum(chunk, tokens - starts)
-    return design(ENGINE_MODEL, device, "prefill", pieces, np.ones_like(pieces), "bf16", prefix=starts).summed()
+    return design(ENGINE_MODEL, device, "prefill", pieces, np.ones_like(pieces), dtype, prefix=starts).summed()
 
 
-def fit_device(device: GPUSpec, points: list[StepPoint]) -> tuple[GPUSpec, float]:
+def fit_device(device: GPUSpec, points: list[StepPoint], dtype: str = "bf16") -> tuple[GPUSpec, float]:
     """The device with its efficiency fitted to ``points``, and the fit's rms relative error."""
     parts, y = [], []
     for ph in ("prefill", "decode"):
         pts = [p for p in points if p.phase == ph and p.chunk is None]
         if pts:
             parts.append(design(ENGINE_MODEL, device, ph, np.array([p.tokens for p in pts]),
-                                np.array([p.batch for p in pts]), "bf16"))
+                                np.array([p.batch for p in pts]), dtype))
             y += [p.seconds for p in pts]
     for p in points:
         if p.chunk is not None:
-            parts.append(chunked_prefill_design(device, p.tokens, p.chunk))
+            parts.append(chunked_prefill_design(device, p.tokens, p.chunk, dtype))
             y.append(p.seconds)
     fit = fit_efficiency(Design.concat(parts), np.array(y), fitted_on="unloaded steps of the engine under test",
                          per_sequence=True, attention=True)
@@ -64,11 +64,11 @@ def fit_device(device: GPUSpec, points: list[StepPoint]) -> tuple[GPUSpec, float
     return device.model_copy(update={"efficiency": eff}), fit.rms_rel_error
 
 
-def deployment(cfg: EngineConfig, gpu_id: str) -> Deployment:
+def deployment(cfg: EngineConfig, gpu_id: str, dtype: str = "bf16") -> Deployment:
     """The pdplan deployment the engine configuration is: vLLM V1's hybrid scheduler (running decodes and
     new prompts share a step, up to the token budget), Sarathi chunks, or one prefill and one decode instance
     whose connector holds the prefill instance while it saves a request's KV."""
-    pool = Pool(gpu=gpu_id, max_batch=MAX_NUM_SEQS)
+    pool = Pool(gpu=gpu_id, max_batch=MAX_NUM_SEQS, weight_dtype=dtype, kv_dtype=dtype)  # type: ignore[arg-type]
     if cfg.disaggregated:
         # vLLM's ExampleConnector saves each layer's KV to disk inside the prefill step and waits for it
         return Deployment(mode="disaggregated", prefill=pool, decode=pool, kv_link="scaleout",
@@ -78,38 +78,40 @@ def deployment(cfg: EngineConfig, gpu_id: str) -> Deployment:
     return Deployment(mode="mixed", scheduler="hybrid", pool=pool, max_batched_tokens=cfg.budget_tokens)
 
 
-def with_link(device: GPUSpec, isl: int, transfer_s: float) -> GPUSpec:
+def with_link(device: GPUSpec, isl: int, transfer_s: float, dtype: str = "bf16") -> GPUSpec:
     """The device whose scale-out link moves one request's KV (``isl`` tokens) in ``transfer_s``."""
-    kv_bytes = float(kv_cache_bytes(ENGINE_MODEL, isl, "bf16"))
+    kv_bytes = float(kv_cache_bytes(ENGINE_MODEL, isl, dtype))
     gb_s = kv_bytes / max(transfer_s, 1e-6) / 1e9
     return device.model_copy(update={"scaleout_bandwidth_gb_s": gb_s})
 
 
-def predict(cfg: EngineConfig, device: GPUSpec, rate_rps: float, isl: int, osl: int) -> Evaluation:
+def predict(cfg: EngineConfig, device: GPUSpec, rate_rps: float, isl: int, osl: int, dtype: str = "bf16"
+            ) -> Evaluation:
     w = Workload(rate=rate_rps, isl=isl, osl=osl)
-    return evaluate(ENGINE_MODEL, deployment(cfg, device.id), w, gpus=[device])
+    return evaluate(ENGINE_MODEL, deployment(cfg, device.id, dtype), w, gpus=[device])
 
 
-def capacity_rps(cfg: EngineConfig, device: GPUSpec, isl: int, osl: int, upper: float = 1000.0) -> float:
+def capacity_rps(cfg: EngineConfig, device: GPUSpec, isl: int, osl: int, upper: float = 1000.0,
+                 dtype: str = "bf16") -> float:
     """The largest rate the closed form calls stable (bisection on ``evaluate(...).stable``, 0.5% wide)."""
     lo, hi = 0.0, upper
     while hi - lo > 0.005 * max(hi, 1e-3):
         mid = (lo + hi) / 2
-        if predict(cfg, device, mid, isl, osl).stable:
+        if predict(cfg, device, mid, isl, osl, dtype).stable:
             lo = mid
         else:
             hi = mid
     return lo
 
 
-def prefill_s(device: GPUSpec, isl: int) -> float:
+def prefill_s(device: GPUSpec, isl: int, dtype: str = "bf16") -> float:
     """The fitted step time of a lone prompt of ``isl`` tokens."""
-    d = design(ENGINE_MODEL, device, "prefill", np.array([isl]), np.array([1]), "bf16")
+    d = design(ENGINE_MODEL, device, "prefill", np.array([isl]), np.array([1]), dtype)
     return float(d.predict_s(device.efficiency)[0])
 
 
-def decode_step_s(device: GPUSpec, context: int, batch: int = 1) -> float:
-    d = design(ENGINE_MODEL, device, "decode", np.array([context]), np.array([batch]), "bf16")
+def decode_step_s(device: GPUSpec, context: int, batch: int = 1, dtype: str = "bf16") -> float:
+    d = design(ENGINE_MODEL, device, "decode", np.array([context]), np.array([batch]), dtype)
     return float(d.predict_s(device.efficiency)[0])
 
 

@@ -200,7 +200,8 @@ def markdown(report: ServingReport) -> str:
          f"{'quick' if report.quick else 'full'} run of {report.wall_s / 60:.1f} min; "
          f"1-minute load average {min(loads):.2f}–{max(loads):.2f} during the load points."),
         "",
-        (f"Model: random-weight Llama (4 layers, hidden 512, 8/2 heads, vocab 4096, bf16). Each engine core "
+        (f"Model: random-weight Llama (4 layers, hidden 512, 8/2 heads, vocab 4096, {report.dtype}"
+         f"{'' if report.dtype == 'bf16' else ': this CPU has no native bf16'}). Each engine core "
          f"(scheduler and model worker in one process) is pinned to a core of its own; co-located, its API server "
          f"and the client share the other core; 1P1D holds both cores with its two engines, and the two API "
          f"servers and the client share them. Every request: {report.isl} prompt tokens (random words, no "
@@ -217,7 +218,7 @@ def markdown(report: ServingReport) -> str:
         "",
         "## Calibration (unloaded, same run)",
         "",
-        (f"CPU ceilings on one thread: {report.matmul_gflops:.0f} GFLOP/s bf16 matmul, {report.copy_gb_s:.1f} GB/s "
+        (f"CPU ceilings on one thread: {report.matmul_gflops:.0f} GFLOP/s {report.dtype} matmul, {report.copy_gb_s:.1f} GB/s "
          "copy. Each co-located engine instance is measured after it starts (two starts of the same engine "
          "differ by up to ~30% here); 1P1D uses the one of the instance with chunking off, as its two instances run."),
     ]

@@ -173,6 +173,8 @@ class ServingReport(_Record):
     machine_details: str
     matmul_gflops: float
     copy_gb_s: float
+    dtype: str = Field(default="bf16", description="the precision the model was served in: bf16 where the CPU "
+                       "computes it natively, else fp32 (emulated bf16 runs ~30x slower)")
     isl: int
     osl: int
     requests_per_point: int

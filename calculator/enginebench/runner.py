@@ -94,8 +94,9 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
     work = Path(tempfile.mkdtemp(prefix="pdplan-serving-"))
     try:
         tick("model and CPU ceilings")
-        model_dir = write_model(work / "model", seed=seed)
         ceilings = _ceilings()
+        dtype = ceilings.dtype  # bf16 where the CPU computes it natively, else fp32
+        model_dir = write_model(work / "model", seed=seed, dtype=dtype)
         device = None
         calib = None
         calibrations: list[Calibration] = []
@@ -106,7 +107,7 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
         for name in names:
             cfg = CONFIGS[name]
             tick(f"{cfg.name}: starting the engine")
-            servers = _servers(python, model_dir, work, cfg)
+            servers = _servers(python, model_dir, work, cfg, dtype)
             with servers as ports, _client_core(None if cfg.disaggregated else 1):
                 if not cfg.disaggregated:  # every instance is measured: two starts of one engine differ by up to ~30%
                     tick(f"{cfg.name}: unloaded step times")
@@ -125,11 +126,11 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
                         calib, device = same[-1]
                 dev = device
                 if cfg.disaggregated:
-                    calib, dev = _transfer(servers, cfg, calib, device, rng)
+                    calib, dev = _transfer(servers, cfg, calib, device, rng, dtype)
                     calib = calib.model_copy(update={"config": name})
                     calibrations.append(calib)
-                cap = capacity_rps(cfg, dev, ISL, OSL)
-                curves.append(_curve(name, cfg, dev, cap, calib.front_end_s(cfg)))
+                cap = capacity_rps(cfg, dev, ISL, OSL, dtype=dtype)
+                curves.append(_curve(name, cfg, dev, cap, calib.front_end_s(cfg), dtype))
                 for frac in fractions:
                     rate = frac * cap
                     tick(f"{cfg.name}: {rate:.1f} req/s")
@@ -138,7 +139,7 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
                     before = _engine_counters(servers)
                     recs = asyncio.run(poisson_load(_sender(ports, cfg), prompts, ISL, OSL, rate, rng))
                     stats = _engine_stats(before, _engine_counters(servers))
-                    pred = predict(cfg, dev, rate, ISL, OSL)
+                    pred = predict(cfg, dev, rate, ISL, OSL, dtype)
                     points.append(LoadPoint(
                         config=name, config_name=cfg.name, rate_rps=rate, fraction_of_capacity=frac,
                         load_average=max(load_before[0], _load()[0]),
@@ -151,7 +152,7 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
             engine_version=version, machine=ceilings.device_name, machine_details=ceilings.device_details,
             isl=ISL, osl=OSL, requests_per_point=n_req, calibration=calib, calibrations=tuple(calibrations), points=tuple(points), curves=tuple(curves),
             wall_s=time.perf_counter() - t_start, matmul_gflops=ceilings.matmul_flops_per_s / 1e9,
-            copy_gb_s=ceilings.memory_bytes_per_s / 1e9,
+            copy_gb_s=ceilings.memory_bytes_per_s / 1e9, dtype=dtype,
         )
         if out_dir is not None:
             from .report import write_outputs
@@ -207,8 +208,8 @@ class _servers:
     """The engine instance(s) of a configuration: one, or a prefill and a decode instance on separate cores
     sharing a KV directory."""
 
-    def __init__(self, python: str, model_dir: Path, work: Path, cfg: EngineConfig):
-        self.python, self.model_dir, self.work, self.cfg = python, model_dir, work, cfg
+    def __init__(self, python: str, model_dir: Path, work: Path, cfg: EngineConfig, dtype: str):
+        self.python, self.model_dir, self.work, self.cfg, self.dtype = python, model_dir, work, cfg, dtype
         self.servers: list[Server] = []
 
     def __enter__(self) -> list[int]:
@@ -228,7 +229,7 @@ class _servers:
 
     def _start(self, core: int, role: str | None, kv: Path | None = None) -> None:
         port = free_port()
-        argv = server_argv(self.python, self.model_dir, SERVED_NAME, port, self.cfg, role, kv)
+        argv = server_argv(self.python, self.model_dir, SERVED_NAME, port, self.cfg, role, kv, self.dtype)
         log = self.work / f"engine-{len(self.servers)}-{self.cfg.budget_tokens}.log"
         cores = _cores()
         front = (cores - {core}) if not self.cfg.disaggregated and len(cores) > 1 else None
@@ -319,7 +320,7 @@ def _calibrate(port: int, cfg: EngineConfig, ceilings, quick: bool):  # type: ig
             runs = [asyncio.run(_decode_gaps(port, b, rng, prompt_tokens, outputs)) for _ in range(3)]
             points.append(StepPoint("decode", round(statistics.mean(c for _, c in runs)), b,
                                     statistics.median(g for g, _ in runs)))
-    device, rms = fit_device(device_spec(ceilings), points)
+    device, rms = fit_device(device_spec(ceilings), points, ceilings.dtype)
     near = _neighbour_effect(port, rng)
     calib = Calibration(steps=tuple(StepTime(phase=p.phase, tokens=p.tokens, batch=p.batch, seconds=p.seconds,
                                              chunk=p.chunk) for p in points), efficiency=device.efficiency, fit_rms_rel_error=rms,
@@ -365,7 +366,8 @@ def _neighbour_effect(port: int, rng: np.random.Generator) -> dict[str, float]:
     return out
 
 
-def _transfer(servers: _servers, cfg: EngineConfig, calib: Calibration, device, rng):  # type: ignore[no-untyped-def]
+def _transfer(servers: _servers, cfg: EngineConfig, calib: Calibration, device, rng,  # type: ignore[no-untyped-def]
+              dtype: str):
     """The unloaded 1P1D TTFT and the KV move it implies (that TTFT minus two front ends, the fitted
     prefill and one decode step), split where it acts: the save, which holds the prefill instance (the
     CPU time its engine spends on a lone request minus the fitted prefill: the engine's own prefill
@@ -379,16 +381,17 @@ def _transfer(servers: _servers, cfg: EngineConfig, calib: Calibration, device, 
         ttfts.append(asyncio.run(_lone(ports, cfg, ISL, rng, outputs=2)).ttft_s)
         held.append(servers.servers[0].engine_cpu_s() - before)
     ttft = statistics.median(ttfts)
-    compute = prefill_s(device, ISL)
-    move = max(ttft - 2 * calib.front_end_request_s - compute - decode_step_s(device, ISL + 1), 1e-4)
+    compute = prefill_s(device, ISL, dtype)
+    move = max(ttft - 2 * calib.front_end_request_s - compute - decode_step_s(device, ISL + 1, dtype=dtype), 1e-4)
     save = min(max(statistics.median(held) - compute, 1e-4), move)
     calib = calib.model_copy(update={"transfer_s": move, "save_s": save, "disaggregated_unloaded_ttft_s": ttft})
-    return calib, with_link(device, ISL, save)
+    return calib, with_link(device, ISL, save, dtype)
 
 
-def _curve(name: str, cfg: EngineConfig, device, cap: float, front_end_s: float) -> Curve:  # type: ignore[no-untyped-def]
+def _curve(name: str, cfg: EngineConfig, device, cap: float, front_end_s: float,  # type: ignore[no-untyped-def]
+           dtype: str) -> Curve:
     rates = [cap * f for f in np.linspace(0.05, 0.97, 24)]
-    preds = [Predicted.of(predict(cfg, device, r, ISL, OSL), front_end_s) for r in rates]
+    preds = [Predicted.of(predict(cfg, device, r, ISL, OSL, dtype), front_end_s) for r in rates]
     return Curve(config=name, rate_rps=tuple(rates), ttft_p50_s=tuple(p.ttft_p50_s for p in preds),
                  ttft_p90_s=tuple(p.ttft_p90_s for p in preds), tpot_p50_s=tuple(p.tpot_p50_s for p in preds),
                  tpot_p90_s=tuple(p.tpot_p90_s for p in preds))
