@@ -64,7 +64,7 @@ def test_one_request_cannot_fill_the_pipeline():
 def test_a_pipelined_instance_splits_its_kv_and_batch_cap_over_its_streams():
     seq, pipe = _prefill_pool(2, pipelined=False), _prefill_pool(2)
     assert pipe.kv_budget_bytes == pytest.approx(seq.kv_budget_bytes / 2)
-    assert pipe.kv_limit(W) == pytest.approx(seq.kv_limit(W) / 2)
+    assert pipe.kv_limit(W) == pytest.approx(seq.kv_limit(W) / 2, abs=1)  # whole sequences each
     capped = PoolModel.build(load_model("llama-3.1-405b"), Pool(gpu="h200-sxm", tp=8, pp=2, max_batch=64), W)
     assert capped.batch_cap == 32
     assert Pool(gpu="h200-sxm", tp=8, pp=4, instances=3).engines == 12

@@ -302,10 +302,19 @@ class PoolModel:
         return self._step(np.maximum(np.asarray(batch, dtype=float), 1.0), context, (chunk_tokens, chunk_prefix))
 
     def kv_limit(self, workload: Workload) -> float:
-        """Sequences whose KV one engine holds, each at the mean sequence's midpoint (sliding-window
-        layers capped at the window, as ``estimate`` does)."""
+        """Sequences one engine runs at once when KV memory binds (sliding-window layers capped at the
+        window, as ``estimate`` does).
+
+        Engines admit a request only when its prompt's KV fits beside the running sequences (vLLM's
+        scheduler allocates the prompt's blocks before its first step), so with n sequences resident,
+        each at the mean sequence's midpoint m, a prompt of l tokens joins when
+        n kv(m) + kv(l) <= M: the engine runs floor((M - kv(l)) / kv(m)) + 1 sequences, an integer
+        (13 where M / kv(m) is 13.9), averaged over the prompt-length distribution. A lone request is
+        always admitted."""
         mean_resident = workload.isl.mean + workload.osl.mean * self.tokens_per_step / 2  # (output in steps)
-        return self.kv_budget_bytes / float(self.kv_seq_bytes(mean_resident))
+        vals, weights = workload.isl.points()
+        room = np.maximum(self.kv_budget_bytes - self.kv_seq_bytes(vals), 0.0)
+        return float(np.sum(weights * (np.floor(room / float(self.kv_seq_bytes(mean_resident))) + 1)))
 
     def batch_limit(self, workload: Workload) -> float:
         """Concurrent sequences: the engine cap, and the KV memory (``kv_limit``)."""

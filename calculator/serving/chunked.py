@@ -98,6 +98,8 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     t_d, s_mean, k_mean, s_q = at(tab["decode_only"]), at(tab["prefill_0"]), at(tab["iters_0"]), at(tab["prefill_1"])
     t_full = at(tab["full"])
     x_mean = s_mean - k_mean * t_d  # what one prompt adds to every running decode's lifetime
+    at_full = GridLookup(grid, np.broadcast_to(np.maximum(np.floor(limit), 1.0), b_cap.shape))
+    x_full = at_full(tab["prefill_0"]) - at_full(tab["iters_0"]) * at_full(tab["decode_only"])
     rho_x = lam * x_mean
     room = np.maximum(pieces[:, None] - b_cap, 1.0)
     wh = whole[:, None]
@@ -119,7 +121,7 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
                               per_step=np.floor(np.maximum(chunks[:, None] - b_cap, 1.0) / max(isl_new, 1.0)),
                               stall_gap_share=lam * pieces * tpot, batched=batched,
                               interference=np.where(wh, "prefill interference", "prefill chunks"), joint=joint,
-                              prompt_s=lambda q: s_mean * _prefill_ratio(pm, w, q))
+                              prompt_s=lambda q: s_mean * _prefill_ratio(pm, w, q), x_full=x_full)
 
 
 def _prefill_ratio(pm: PoolModel, w: Workload, q: float) -> float:
@@ -150,7 +152,7 @@ def busy_tpot(lam, batch, t_d, rho_x, work_s, t_b, cv2: float, ca2: float = 1.0)
 
 def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, t_d, tpot, rho_x, rho_prefill, x_mean,
                        work_s, s_mean, s_q, slope, piece_s, stall_gap_share, batched, interference, joint: bool,
-                       prompt_s, queued_s=None, shared_steps=None, per_step=None) -> ModeArrays:
+                       prompt_s, queued_s=None, shared_steps=None, per_step=None, x_full=None) -> ModeArrays:
     """Tails, waits, utilisation and the binding resource of one instance that runs prompts and decodes.
 
     ``x_mean``: time one prompt adds to every running decode; ``work_s``: the time a prompt holds the
@@ -169,7 +171,7 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     b_cap = np.minimum(batch, limit)
     cv2 = w.isl.cv**2
     tpot_var, tpot_p = tpot_tail(tpot, rho_x, lam, x_mean, cv2, w, slope, b_cap, p)
-    tpot_full = full_batch_tpot(t_d, slope, b_cap, limit, x_mean, w.osl.mean)
+    tpot_full = full_batch_tpot(t_d, slope, b_cap, limit, x_mean if x_full is None else x_full, w.osl.mean)
     tpot_p = np.minimum(tpot_p, tpot_full)
 
     # TTFT: the prompt queue (M/G/1, a prompt's whole time as service), the residual of the step in
