@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
+from ..microbench.ceilings import TORCH_DTYPES
 from .client import HTTPError, get
 
 HOST = "127.0.0.1"
@@ -67,15 +68,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "fp32": "float32"}
-"""The engine's ``--dtype`` for the precision the model is served in (bf16 where the CPU computes it
-natively, else fp32: ``calculator.microbench.ceilings.model_dtype``)."""
-
-
 def server_argv(python: str, model_dir: Path, served_name: str, port: int, cfg: EngineConfig,
                 kv_role: str | None = None, kv_dir: Path | None = None, dtype: str = "bf16") -> list[str]:
+    """The engine's command line; ``dtype``: the precision the model is served in (bf16 where the CPU
+    computes it natively, else fp32: ``calculator.microbench.ceilings.model_dtype``)."""
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--served-model-name", served_name, "--host", HOST, "--port", str(port), "--dtype", TORCH_DTYPE_NAMES[dtype],
+            "--served-model-name", served_name, "--host", HOST, "--port", str(port), "--dtype", TORCH_DTYPES[dtype],
             "--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN),
             "--max-num-seqs", str(MAX_NUM_SEQS), "--no-enable-prefix-caching",
             "--max-num-batched-tokens", str(cfg.budget_tokens), "--distributed-executor-backend", "uni",

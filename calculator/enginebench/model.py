@@ -15,6 +15,8 @@ import numpy as np
 
 from hardware_db.schema import ModelSpec
 
+from ..microbench.ceilings import TORCH_DTYPES
+
 FIRST_WORD = 3  # ids 0-2: <unk>, <s>, </s>
 
 ENGINE_MODEL = ModelSpec(
@@ -51,7 +53,7 @@ def write_model(out_dir: Path, spec: ModelSpec = ENGINE_MODEL, seed: int = 0, dt
         tie_word_embeddings=spec.tie_word_embeddings, rms_norm_eps=1e-5,
     )
     torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(config).to({"bf16": torch.bfloat16, "fp32": torch.float32}[dtype])
+    model = transformers.LlamaForCausalLM(config).to(getattr(torch, TORCH_DTYPES[dtype]))
     transformers.utils.logging.disable_progress_bar()  # the CLI draws its own; keep stderr to it
     try:
         model.save_pretrained(out_dir)
