@@ -13,8 +13,9 @@ import types
 from typing import TYPE_CHECKING, Any
 
 _SOURCES: dict[str, str] = {
-    **dict.fromkeys(("Efficiency", "GPUSpec", "ModelSpec", "list_gpus", "list_models", "load_gpu", "load_model"),
-                    "hardware_db"),
+    **dict.fromkeys(("Efficiency", "EngineProfile", "GPUSpec", "ModelSpec", "list_engines", "list_gpus", "list_models",
+                     "load_engine", "load_gpu", "load_model"), "hardware_db"),
+    **dict.fromkeys(("PhaseError", "StepLatency", "load_step_latencies", "profile_errors"), ".engines"),
     "deadline": ".budget",
     **dict.fromkeys(("BenchPoint", "read_benchmark_files"), ".benchfiles"),
     **dict.fromkeys(("CalibrationFit", "calibrate"), ".calibrate"),
@@ -36,12 +37,13 @@ _SOURCES: dict[str, str] = {
 """Public name -> the module it comes from."""
 
 __all__ = [
-    "FORMULAS", "SLO", "AmbiguousIdError", "BatchRow", "BenchPoint", "CalibrationFit", "Cancelled", "Candidate", "DeadlineExceeded", "Deployment", "Efficiency", "Estimate",
+    "FORMULAS", "SLO", "AmbiguousIdError", "BatchRow", "BenchPoint", "CalibrationFit", "Cancelled", "Candidate", "DeadlineExceeded", "Deployment", "Efficiency", "EngineProfile", "Estimate",
     "Evaluation", "Formula", "GPUSpec", "HardwareDBError", "InputError", "Launch", "Length", "MemoryBreakdown",
     "ModelSpec", "OpRow", "PdplanError", "Plan", "Pool", "Schedule", "Simulation", "Speculation", "UnknownIdError", "UnstableError",
-    "Workload", "active_param_count", "calibrate", "deadline", "estimate", "evaluate", "kv_bytes_per_token", "kv_cache_bytes", "list_gpus",
-    "list_models", "load_gpu", "load_model", "model_from_hf_config", "param_count", "plan", "read_benchmark_files",
-    "plan_many", "plan_schedule", "simulate", "to_launch", "Window",
+    "Workload", "active_param_count", "calibrate", "deadline", "estimate", "evaluate", "kv_bytes_per_token", "kv_cache_bytes", "list_engines", "list_gpus",
+    "list_models", "load_engine", "load_gpu", "load_model", "model_from_hf_config", "param_count", "plan", "read_benchmark_files",
+    "plan_many", "plan_schedule", "simulate", "to_launch", "Window", "PhaseError", "StepLatency",
+    "load_step_latencies", "profile_errors",
 ]  # the keys of _SOURCES (a test checks)
 
 
@@ -71,11 +73,23 @@ class _Package(types.ModuleType):
 sys.modules[__name__].__class__ = _Package
 
 if TYPE_CHECKING:  # the same names, for type checkers and editors
-    from hardware_db import Efficiency, GPUSpec, ModelSpec, list_gpus, list_models, load_gpu, load_model
+    from hardware_db import (
+        Efficiency,
+        EngineProfile,
+        GPUSpec,
+        ModelSpec,
+        list_engines,
+        list_gpus,
+        list_models,
+        load_engine,
+        load_gpu,
+        load_model,
+    )
 
     from .benchfiles import BenchPoint, read_benchmark_files
     from .budget import deadline
     from .calibrate import CalibrationFit, calibrate
+    from .engines import PhaseError, StepLatency, load_step_latencies, profile_errors
     from .errors import (
         AmbiguousIdError,
         Cancelled,

@@ -145,13 +145,15 @@ def _loss(model: ModelSpec, gpu: GPUSpec, runs: Sequence[BenchPoint], setup: dic
     return total
 
 
-def _nelder_mead(f, x0: np.ndarray, scale: np.ndarray, iterations: int) -> np.ndarray:  # type: ignore[no-untyped-def]
-    """Minimise ``f`` over the box [LOWER, UPPER] (points are clipped into it): the simplex method."""
+def nelder_mead(f, x0: np.ndarray, scale: np.ndarray | float, iterations: int,  # type: ignore[no-untyped-def]
+                lower: np.ndarray | float = -np.inf, upper: np.ndarray | float = np.inf) -> np.ndarray:
+    """Minimise ``f`` over the box [lower, upper] (points are clipped into it): the simplex method, at most
+    ``iterations`` steps, stopping early once the simplex's values agree to 1e-6."""
     def g(x: np.ndarray) -> float:
-        return f(np.clip(x, LOWER, UPPER))
+        return f(np.clip(x, lower, upper))
 
     n = x0.size
-    simplex = [np.clip(x0, LOWER, UPPER)] + [np.clip(x0 + scale * np.eye(n)[i], LOWER, UPPER) for i in range(n)]
+    simplex = [np.clip(x0, lower, upper)] + [np.clip(x0 + scale * np.eye(n)[i], lower, upper) for i in range(n)]
     values = [g(x) for x in simplex]
     for _ in range(iterations):
         order = np.argsort(values)
@@ -175,13 +177,14 @@ def _nelder_mead(f, x0: np.ndarray, scale: np.ndarray, iterations: int) -> np.nd
             else:  # shrink towards the best
                 simplex = [simplex[0]] + [simplex[0] + 0.5 * (x - simplex[0]) for x in simplex[1:]]
                 values = [values[0]] + [g(x) for x in simplex[1:]]
-    return np.clip(simplex[int(np.argmin(values))], LOWER, UPPER)
+    return np.clip(simplex[int(np.argmin(values))], lower, upper)
 
 
 def _fit(model: ModelSpec, gpu: GPUSpec, runs: Sequence[BenchPoint], setup: dict[str, Any]) -> GPUSpec:
     e = gpu.efficiency
     x0 = np.array([math.log(e.compute), math.log(e.memory), e.step_overhead_us / 1e3])
-    x = _nelder_mead(lambda x: _loss(model, gpu, runs, setup, x), x0, np.array([0.4, 0.4, 0.5]), MAX_ITERATIONS)
+    x = nelder_mead(lambda x: _loss(model, gpu, runs, setup, x), x0, np.array([0.4, 0.4, 0.5]), MAX_ITERATIONS,
+                    LOWER, UPPER)
     return _with(gpu, x)
 
 

@@ -457,6 +457,48 @@ def models(as_json: JsonOpt = False) -> None:
     out.print("Aliases (Hugging Face repo ids, pdplan models --json) and id prefixes find an id too.")
 
 
+@app.command()
+def engines(
+    engine: Annotated[str | None, typer.Argument(help="one profile: its values and its error against the public "
+                                                      "step latencies")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Engine profiles (--engine on estimate, evaluate, plan): what each was fitted on, and how far off it is."""
+    from . import service as s
+
+    if engine is None:
+        rows = s.engine_catalog()
+        if as_json:
+            _print_json(rows)
+            return
+        out.table(f"{len(rows)} engine profiles (hardware_db/data/engines.yaml)", [
+            Column("id", left=True), Column("engine", left=True), Column("version", drop=2, left=True),
+            Column("GPUs fitted", drop=1, left=True, text=True, wrap=True),
+            Column("description", drop=3, left=True, text=True, wrap=True),
+        ], [[e.id, e.engine, e.version or "—", ", ".join(e.gpus) or "—", e.description] for e in rows])
+        out.print("pdplan engines ID shows a profile's values and its error against the measured step latencies.")
+        return
+    from hardware_db import load_engine
+
+    from .engines import profile_errors
+
+    profile = load_engine(engine)
+    errors = profile_errors(profile.id, by=("gpu", "tp"))
+    if as_json:
+        _print_json({"profile": profile, "errors": errors})
+        return
+    values = [("engine", f"{profile.engine} {profile.version}".strip()), ("description", profile.description),
+              ("fitted on", profile.fitted_on or "—"), *((k, f"{v:g}") for k, v in profile.shared.items()),
+              *((gpu, ", ".join(f"{k} {v:g}" for k, v in fields.items())) for gpu, fields in profile.gpus.items()),
+              *(("source", src) for src in profile.sources)]
+    out.print(pairs_table(profile.id, values))
+    out.table("|predicted / measured - 1| of the step times (hardware_db/data/step_latencies.csv)", [
+        Column("source", left=True), Column("phase", left=True), Column("subset", left=True), Column("n"),
+        Column("median"), Column("p90"), Column("bias", drop=1),
+    ], [[e.source, e.phase, e.subset, str(e.points), f"{e.median_abs_error:.1%}", f"{e.p90_abs_error:.1%}",
+         f"{e.median_signed_error:+.1%}"] for e in errors])
+
+
 # ------------------------------------------------------------------------------------------ kv, estimate
 
 @app.command()
@@ -497,6 +539,8 @@ def _calibration(path: Path | None) -> Any:
 
 
 CalibrationOpt = Annotated[Path | None, typer.Option(help="calibration YAML from pdplan validate or pdplan calibrate")]
+EngineOpt = Annotated[str, typer.Option(help="engine profile whose efficiencies to use (pdplan engines; generic: "
+                                             "the GPU entries' own)")]
 
 
 def _estimate_request(p: dict[str, Any]) -> Any:
@@ -508,7 +552,7 @@ def _estimate_request(p: dict[str, Any]) -> Any:
                              ep=p.get("ep", 1), cp=p.get("cp", 1), isl=p["isl"],
                              osl=p["osl"], batch=p["batch"], weight_dtype=p["weight_dtype"], kv_dtype=p["kv_dtype"],
                              prefix_hit=p["prefix_hit"], gpu_memory_utilisation=p["gpu_memory_utilisation"],
-                             calibration=eff, rows=p["rows"])
+                             calibration=eff, rows=p["rows"], engine=p.get("engine") or "generic")
 
 
 @app.command()
@@ -529,6 +573,7 @@ def estimate(
     prefix_hit: Annotated[float, typer.Option(help="fraction of the prompt in the prefix cache")] = 0.0,
     gpu_memory_utilisation: Annotated[float, typer.Option(help="share of HBM the engine may use")] = 0.9,
     calibration: CalibrationOpt = None,
+    engine: EngineOpt = "generic",
     rows: Annotated[bool, typer.Option(help="show the operator rows")] = True,
     as_json: JsonOpt = False,
 ) -> None:
@@ -543,7 +588,7 @@ def estimate(
     layout = (f"tp={e.tp}, pp={e.pp}" + (f", dp={e.dp}" if e.dp > 1 else "") + (f", ep={e.ep}" if e.ep > 1 else "")
               + (f", cp={e.cp}" if e.cp > 1 else ""))
     head = (f"{e.model} on {e.num_gpus} x {e.gpu} ({layout}), isl={e.isl} osl={e.osl} batch={e.batch}, "
-            f"{e.weight_dtype} weights, {e.kv_dtype} KV")
+            f"{e.weight_dtype} weights, {e.kv_dtype} KV; efficiencies: {e.engine}")
     lines = [("fits", f"[red]no[/]: {escape(e.reason or '')}")] if not e.fits else [
         ("TTFT (prefill)", f"{_ms(e.ttft_s)}  ({e.prefill_bound}-bound)"),
         ("TPOT (decode step)", f"{_ms(e.tpot_s)}  ({e.decode_bound}-bound)"),
@@ -595,7 +640,8 @@ def _plan_request(p: dict[str, Any]) -> Any:
 
     body = {"model": _model_ref(p["model"]), **_workload_and_slo(p), "gpus": p["gpu"] or None,
             "modes": p["mode"] or None, "objective": p["objective"], "weight_dtype": p["weight_dtype"],
-            "kv_dtype": p["kv_dtype"], "whole_nodes": p["whole_nodes"], "scheduler": p["scheduler"]}
+            "kv_dtype": p["kv_dtype"], "whole_nodes": p["whole_nodes"], "scheduler": p["scheduler"],
+            "engine": p.get("engine") or "generic"}
     eff = _calibration(p.get("calibration"))
     if eff is not None:
         body["calibration"] = eff
@@ -741,6 +787,7 @@ def plan(
     whole_nodes: Annotated[bool, typer.Option(help="bill whole 8-GPU nodes")] = False,
     show_all: Annotated[bool, typer.Option("--all", help=f"list every candidate (default: the best {SHOWN})")] = False,
     calibration: CalibrationOpt = None,
+    engine: EngineOpt = "generic",
     emit: Annotated[str | None, typer.Option(help="also print the best deployment's launch commands: vllm, "
                                                   "sglang, trtllm, dynamo, or k8s (manifests)")] = None,
     model_path: Annotated[str | None, typer.Option(help="with --emit: what the engine loads (default: the model's "
@@ -767,7 +814,8 @@ def plan(
 
 def _print_plan(req: Any, r: Any, order: list[Any], show_all: bool) -> None:
     plan = r.plan
-    out.print(escape(f"{plan.model} at {plan.workload.rate:g} req/s; SLO: {_slo_text(plan.slo)}"), highlight=False)
+    out.print(escape(f"{plan.model} at {plan.workload.rate:g} req/s; SLO: {_slo_text(plan.slo)}; efficiencies: "
+                     f"{plan.engine}"), highlight=False)
     if not plan.feasible:
         out.print(escape(r.explanation), highlight=False)
         n = plan.nearest_feasible_slo
@@ -857,6 +905,7 @@ def _evaluate_request(p: dict[str, Any]) -> Any:
     eff = _calibration(p.get("calibration"))
     return s.EvaluateRequest.model_validate({"model": _model_ref(p["model"]), "deployment": deployment,
                                              **_workload_and_slo(p, slo_required=False),
+                                             "engine": p.get("engine") or "generic",
                                              **({} if eff is None else {"calibration": eff})})
 
 
@@ -877,6 +926,7 @@ def evaluate(
     ttft: Annotated[str | None, typer.Option(help="TTFT target, e.g. 2s (with --tpot: goodput and attainment)")] = None,
     tpot: Annotated[str | None, typer.Option(help="TPOT target, e.g. 50ms")] = None,
     calibration: CalibrationOpt = None,
+    engine: EngineOpt = "generic",
     as_json: JsonOpt = False,
     csv: CsvOpt = None,
     plot: PlotOpt = None,
@@ -899,7 +949,8 @@ def evaluate(
 def _print_evaluation(req: Any, e: Any) -> None:
     w = req.workload
     out.print(escape(f"{req.deployment.mode} {pool_label(req.deployment)} ({_gpus(e.num_gpus)}) at {w.rate:g} req/s"
-                     + ("" if req.slo is None else f"; SLO: {_slo_text(req.slo)}")), highlight=False)
+                     + ("" if req.slo is None else f"; SLO: {_slo_text(req.slo)}") + f"; efficiencies: {e.engine}"),
+              highlight=False)
     if not e.stable:
         out.print(escape(f"Unstable at this rate: {e.reason} (binds: {e.binding})"), highlight=False)
         return

@@ -17,6 +17,7 @@ from hardware_db.schema import Efficiency, GPUSpec, KVDtype, ModelSpec, WeightDt
 
 from . import formulas as f
 from .arguments import as_model, choice, flag, gpu_spec, integer, model_spec, real
+from .engines import engine_gpu
 from .errors import InputError
 from .kv_cache import kv_bytes_per_gpu, kv_bytes_per_token, kv_cache_bytes
 from .limits import MAX_BATCH, MAX_EXPERT_PARALLEL, MAX_PARALLEL, MAX_TOKENS
@@ -71,6 +72,9 @@ class Estimate(_Out):
 
     model: str
     gpu: str
+    engine: str = Field(default="generic", description="the engine profile whose efficiencies were used (generic: "
+                        "the GPU entry's own; calibration: the user's fit)")
+    efficiency_fitted_on: str | None = Field(default=None, description="what the efficiencies were fitted on")
     tp: int
     pp: int
     ep: int
@@ -206,13 +210,15 @@ def estimate(
     cp: int = 1,
     calibration: Efficiency | Mapping[str, Any] | str | os.PathLike[str] | None = None,
     rows: bool = True,
+    engine: str = "generic",
 ) -> Estimate:
     """Prefill, decode, KV and memory of ``batch`` requests of ``isl`` prompt and ``osl`` output tokens.
 
     ``prefix_hit`` is the fraction of the prompt already in the prefix cache (not recomputed).
     ``model`` and ``gpu`` are database ids or specs. ``calibration`` is an ``Efficiency`` (or a
     mapping of its fields, or a path to a calibration YAML) that replaces the GPU's default
-    efficiencies. A configuration that does not fit is returned with ``fits=False``, the reason and
+    efficiencies. ``engine`` names an engine profile (``list_engines()``; ``generic``, the default, keeps
+    the GPU entry's own efficiencies); it cannot be combined with a calibration. A configuration that does not fit is returned with ``fits=False``, the reason and
     the shortfall, and no latency figures. Invalid arguments raise ``InputError`` naming the
     argument; the bounds are the REST API's (``calculator.limits``).
     """
@@ -224,10 +230,7 @@ def estimate(
     cp = integer("cp", cp, 1, MAX_PARALLEL)  # tp, pp, ep, dp above; cp with them in the REST bounds
     if spec is not None:
         spec = as_model("spec", spec, Speculation)
-    if calibration is not None:
-        from .calibration import apply_calibration
-
-        g = apply_calibration(g, calibration)
+    g = engine_gpu(g, engine, calibration)
     setup = setup_for(m, g, tp=tp, pp=pp, ep=ep, weight_dtype=weight_dtype, kv_dtype=kv_dtype, dp=dp,
                       expert_imbalance=float(expert_imbalance), cp=cp)
     # attention-DP: the batch is spread over the dp ranks, each with its own sequences and KV
@@ -238,6 +241,7 @@ def estimate(
                                  A_b=mem.activation_workspace_bytes, R_b=mem.runtime_reserve_bytes, K_seq=per_seq))
     common = dict(
         spec_tokens_per_step=None if spec is None else spec.tokens_per_step,
+        engine="calibration" if calibration is not None else engine, efficiency_fitted_on=g.efficiency.fitted_on,
         model=m.id, gpu=g.id, tp=tp, pp=pp, ep=ep, dp=dp, isl=isl, osl=osl, batch=batch, weight_dtype=weight_dtype,
         kv_dtype=kv_dtype, prefix_hit=prefix_hit, num_gpus=tp * pp * dp * cp, cp=cp,
         kv_bytes_per_token=kv_bytes_per_token(m, kv_dtype),

@@ -75,6 +75,10 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "eta_l": ("\\eta_{l}", "link efficiency", "1"),
     "n_k": ("n_{k}", "kernel launches", "kernels"),
     "tau_k": ("\\tau_{k}", "latency per kernel", "s"),
+    "T_half": ("T_{1/2}", "tokens in a step at which the linear layers reach half their fitted compute efficiency", "tokens"),
+    "n_blk": ("n_{blk}", "thread blocks a decode attention kernel runs: sequences x KV heads on one GPU", "blocks"),
+    "beta_blk": ("\\beta_{blk}", "KV bandwidth one decode attention thread block streams, walking one sequence's cache for one KV head", "B/s"),
+    "g_graph": ("g_{graph}", "share of the per-kernel launch latency a step replayed from a CUDA graph still pays", "1"),
     "o_seq": ("o_{seq}", "cost per sequence in a step (scheduling, sampling, output processing)", "s"),
     "n_seq": ("n_{seq}", "sequences in a step (decoding ones and prompt pieces)", "1"),
     "alpha": ("\\alpha", "latency per collective", "s"),
@@ -581,6 +585,54 @@ roofline_time = Formula(
     args=("F", "Q", "beta_hbm", "eta_c", "eta_m", "n_k", "pi", "tau_k"),
     latex="\\tau_{k} n_{k} + \\max\\left(\\frac{F}{\\eta_{c} \\pi}, \\frac{Q}{\\beta \\eta_{m}}\\right)",
     fn=_roofline_time,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _gemm_compute_efficiency(T: Any, T_half: Any, eta_c: Any) -> Any:
+    return T*eta_c/(T + T_half)
+
+
+gemm_compute_efficiency = Formula(
+    name="gemm_compute_efficiency",
+    section="roofline and communication",
+    unit="1",
+    doc="Compute efficiency of a step's linear layers (GEMMs of T rows): the fitted peak eta_c, rolled off for few rows (a decode batch, a short prompt), where tensor-core tiles run part-empty and too few thread blocks hide the memory latency; half of eta_c at T = T_1/2. T_1/2 = 0 (the bundled GPU defaults): eta_c at every size.",
+    args=("T", "T_half", "eta_c"),
+    latex="\\frac{T \\eta_{c}}{T + T_{1/2}}",
+    fn=_gemm_compute_efficiency,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _decode_attention_memory_efficiency(beta_blk: Any, beta_hbm: Any, eta_m: Any, n_blk: Any) -> Any:
+    return functools.reduce(numpy.minimum, [eta_m, beta_blk*n_blk/beta_hbm])
+
+
+decode_attention_memory_efficiency = Formula(
+    name="decode_attention_memory_efficiency",
+    section="roofline and communication",
+    unit="1",
+    doc="Memory efficiency of the decode attention kernel: one thread block per (sequence, KV head) walks that sequence's cache at beta_blk, so with fewer blocks than it takes to fill the GPU (a small batch, few KV heads per GPU at high tp) the kernel reaches only n_blk x beta_blk of the HBM bandwidth, whatever the cache's size.",
+    args=("beta_blk", "beta_hbm", "eta_m", "n_blk"),
+    latex="\\min\\left(\\eta_{m}, \\frac{\\beta_{blk} n_{blk}}{\\beta}\\right)",
+    fn=_decode_attention_memory_efficiency,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _launch_latency(g_graph: Any, tau_k: Any) -> Any:
+    return tau_k*g_graph
+
+
+launch_latency = Formula(
+    name="launch_latency",
+    section="roofline and communication",
+    unit="s",
+    doc="Latency a step pays per kernel: tau_k launched one by one (g = 1), or the share g of it that remains when the engine replays the step from a captured CUDA graph (decode steps in vLLM, SGLang and TensorRT-LLM).",
+    args=("g_graph", "tau_k"),
+    latex="\\tau_{k} g_{graph}",
+    fn=_launch_latency,
     symbol_table=SYMBOL_TABLE,
 )
 
@@ -1121,6 +1173,9 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     activation_workspace_bytes,
     expected_experts_touched,
     roofline_time,
+    gemm_compute_efficiency,
+    decode_attention_memory_efficiency,
+    launch_latency,
     sequence_overhead_time,
     arithmetic_intensity,
     ring_allreduce_time,

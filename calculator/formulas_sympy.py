@@ -88,6 +88,14 @@ eta_m = _sym("eta_m", "memory efficiency", "1", r"\eta_{m}")
 eta_l = _sym("eta_l", "link efficiency", "1", r"\eta_{l}")
 n_k = _sym("n_k", "kernel launches", "kernels", "n_{k}")
 tau_k = _sym("tau_k", "latency per kernel", "s", r"\tau_{k}")
+T_half = _sym("T_half", "tokens in a step at which the linear layers reach half their fitted compute efficiency", "tokens",
+              r"T_{1/2}")
+n_blk = _sym("n_blk", "thread blocks a decode attention kernel runs: sequences x KV heads on one GPU", "blocks",
+             r"n_{blk}")
+beta_blk = _sym("beta_blk", "KV bandwidth one decode attention thread block streams, walking one sequence's cache "
+                "for one KV head", "B/s", r"\beta_{blk}")
+g_graph = _sym("g_graph", "share of the per-kernel launch latency a step replayed from a CUDA graph still pays", "1",
+               r"g_{graph}")
 o_seq = _sym("o_seq", "cost per sequence in a step (scheduling, sampling, output processing)", "s", r"o_{seq}")
 n_seq = _sym("n_seq", "sequences in a step (decoding ones and prompt pieces)", "1", r"n_{seq}")
 alpha = _sym("alpha", "latency per collective", "s", r"\alpha")
@@ -310,6 +318,29 @@ roofline_time = _formula(
     sp.Max(F / (pi * eta_c), Q / (beta_hbm * eta_m)) + n_k * tau_k,
     "s",
     "Time of an operator group: the slower of its compute and memory ceilings, plus kernel latencies.",
+)
+gemm_compute_efficiency = _formula(
+    "gemm_compute_efficiency",
+    eta_c * T / (T + T_half),
+    "1",
+    "Compute efficiency of a step's linear layers (GEMMs of T rows): the fitted peak eta_c, rolled off for few "
+    "rows (a decode batch, a short prompt), where tensor-core tiles run part-empty and too few thread blocks hide "
+    "the memory latency; half of eta_c at T = T_1/2. T_1/2 = 0 (the bundled GPU defaults): eta_c at every size.",
+)
+decode_attention_memory_efficiency = _formula(
+    "decode_attention_memory_efficiency",
+    sp.Min(eta_m, n_blk * beta_blk / beta_hbm),
+    "1",
+    "Memory efficiency of the decode attention kernel: one thread block per (sequence, KV head) walks that "
+    "sequence's cache at beta_blk, so with fewer blocks than it takes to fill the GPU (a small batch, few KV heads "
+    "per GPU at high tp) the kernel reaches only n_blk x beta_blk of the HBM bandwidth, whatever the cache's size.",
+)
+launch_latency = _formula(
+    "launch_latency",
+    tau_k * g_graph,
+    "s",
+    "Latency a step pays per kernel: tau_k launched one by one (g = 1), or the share g of it that remains when the "
+    "engine replays the step from a captured CUDA graph (decode steps in vLLM, SGLang and TensorRT-LLM).",
 )
 sequence_overhead_time = _formula(
     "sequence_overhead_time",

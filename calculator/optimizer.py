@@ -24,6 +24,7 @@ from hardware_db.schema import GPUSpec, KVDtype, ModelSpec, WeightDtype
 
 from . import budget
 from .arguments import as_model, choice, flag, gpu_spec, integer, items, model_spec
+from .engines import engine_gpu
 from .errors import InputError
 from .kv_cache import kv_cache_bytes
 from .limits import MAX_CHUNK_BUDGETS, MAX_GPU_TYPES
@@ -108,6 +109,8 @@ class Plan(BaseModel):
     workload: Workload
     slo: SLO
     objective: Objective
+    engine: str = Field(default="generic", description="the engine profile whose efficiencies every candidate used "
+                        "(generic: the GPU entries' own; calibration: the user's fit)")
     modes: tuple[Mode, ...] = ("mixed", "chunked", "disaggregated")
     feasible: bool
     reason: str | None = None
@@ -391,6 +394,7 @@ def plan(
     cps: Sequence[int] | int = CPS,
     spec: Speculation | Mapping[str, Any] | None = None,
     calibration: Any = None,
+    engine: str = "generic",
     _verify_nearest: bool = True,
 ) -> Plan:
     """Rank deployments that meet ``slo`` at ``workload.rate``; say why when none does.
@@ -411,16 +415,15 @@ def plan(
     at least CP_MIN_PROMPT_TOKENS (an empty list tries none). ``spec`` (a ``Speculation``) is tried on
     every pool that decodes, beside the same pool without it; the ranking keeps whichever wins.
     ``calibration`` (an ``Efficiency``, a mapping or a calibration YAML from ``pdplan validate`` or
-    ``pdplan calibrate``) replaces the efficiencies of every candidate GPU.
+    ``pdplan calibrate``) replaces the efficiencies of every candidate GPU; ``engine`` names an engine
+    profile (``list_engines()``) applied to every candidate GPU instead (``generic``: their own).
     """
     m = model_spec(model)
     workload = as_model("workload", workload, Workload)
     slo = as_model("slo", slo, SLO)
     specs = _gpu_specs(gpus)
-    if calibration is not None:
-        from .calibration import apply_calibration
-
-        specs = [apply_calibration(g, calibration) for g in specs]
+    specs = [engine_gpu(g, engine, calibration) for g in specs]
+    engine_used = "calibration" if calibration is not None else engine
     gpu_ids = [g.id for g in specs]
     modes = list(MODES) if modes is None else [choice(f"modes.{i}", x, MODES)
                                                for i, x in enumerate(items("modes", modes, len(MODES)))]
@@ -475,10 +478,12 @@ def plan(
                 nearest = trial
                 break
         return Plan(model=m.id, workload=workload, slo=slo, objective=objective, modes=tuple(modes), feasible=False,
+                    engine=engine_used,
                     reason=reason,
                     nearest_feasible_slo=nearest, searched=searched)
     ranked = _best_of_each_mode_first(cands)
     return Plan(model=m.id, workload=workload, slo=slo, objective=objective, modes=tuple(modes), feasible=True,
+                engine=engine_used,
                 best=cands[0],
                 candidates=tuple(ranked[:MAX_CANDIDATES]), pareto=pareto, searched=searched)
 

@@ -118,7 +118,8 @@ class Setup:
             e_kv=kv_elements_per_token_layer(m, self.tp),
             beta_hbm=g.hbm_bytes_per_s, eta_c=eff.compute, eta_m=eff.memory, eta_l=eff.link,
             tau_k=eff.kernel_latency_us * 1e-6, alpha=eff.collective_latency_us * 1e-6,
-            o_seq=eff.sequence_overhead_us * 1e-6,
+            o_seq=eff.sequence_overhead_us * 1e-6, T_half=eff.gemm_half_tokens, g_graph=eff.decode_graph_launch,
+            beta_blk=eff.decode_attention_block_gb_s * 1e9,
         )
         object.__setattr__(self, "values", v)
         object.__setattr__(self, "tp_link_bytes_per_s", group_link_bytes_per_s(g, self.tp))
@@ -244,16 +245,28 @@ class Group:
                      pick(self.compute_s), pick(self.memory_s), pick(self.latency_s), self.communication)
 
 
-def _roofline(name: str, flops, bytes_, peak, kernels, setup: Setup, share: float = 1.0) -> Group:
-    """An operator group's roofline time; ``share`` scales both efficiencies (the decode attention kernel's)."""
+def _roofline(name: str, flops, bytes_, peak, kernels, setup: Setup, share: float = 1.0, tokens=None,
+              graph: bool = False, blocks=None) -> Group:
+    """An operator group's roofline time; ``share`` scales both efficiencies (the decode attention kernel's).
+    ``tokens``: the rows of a linear layer's GEMMs, whose compute efficiency rolls off below ``T_half``
+    (``gemm_compute_efficiency``); ``graph``: a decode step replayed from a CUDA graph (``launch_latency``);
+    ``blocks``: the thread blocks of a decode attention kernel, whose memory efficiency they cap
+    (``decode_attention_memory_efficiency``)."""
     v = setup.values
     flops = np.asarray(flops, dtype=float)
     bytes_ = np.asarray(bytes_, dtype=float)
-    eta_c, eta_m = v["eta_c"] * share, v["eta_m"] * share
-    t = np.asarray(f.roofline_time(v, F=flops, Q=bytes_, pi=peak, n_k=kernels, eta_c=eta_c, eta_m=eta_m), dtype=float)
+    eta_c = v["eta_c"]
+    if tokens is not None and v["T_half"] > 0:
+        eta_c = np.asarray(f.gemm_compute_efficiency(v, T=np.maximum(np.asarray(tokens, dtype=float), 1e-9)))
+    eta_c, eta_m = eta_c * share, v["eta_m"] * share
+    if blocks is not None and v["beta_blk"] > 0:
+        eta_m = np.asarray(f.decode_attention_memory_efficiency(v, eta_m=eta_m, n_blk=np.asarray(blocks, dtype=float)))
+    tau_k = float(f.launch_latency(v)) if graph else v["tau_k"]
+    t = np.asarray(f.roofline_time(v, F=flops, Q=bytes_, pi=peak, n_k=kernels, eta_c=eta_c, eta_m=eta_m, tau_k=tau_k),
+                   dtype=float)
     compute_s = flops / (peak * eta_c)
     memory_s = bytes_ / (v["beta_hbm"] * eta_m)
-    latency_s = kernels * v["tau_k"]
+    latency_s = kernels * tau_k
     zero = np.zeros_like(t)
     return Group(name, flops, bytes_, t, "roofline_time", compute_s + zero, memory_s + zero, latency_s + zero)
 
@@ -291,6 +304,7 @@ def step_groups(
     T = (b * S / cp if phase == "prefill" else b * S) + b_c * S_c / cp
     tp, L = setup.tp, m.num_layers
     gemm_peak = setup.gemm_rate_flops_per_s
+    graph = phase == "decode" and chunk is None  # engines replay decode-only steps from CUDA graphs
     groups: list[Group] = []
 
     # attention projections
@@ -300,7 +314,7 @@ def step_groups(
         "attention_proj",
         f.gemm_flops(v, N_lin=n_attn / tp, T=T),
         v["b_w"] * n_attn / tp + f.gemm_activation_bytes(v, T=T, X_io=io_attn),
-        gemm_peak, KERNELS_PER_LAYER["attention_proj"] * L, setup,
+        gemm_peak, KERNELS_PER_LAYER["attention_proj"] * L, setup, tokens=T, graph=graph,
     ))
 
     # dense MLP layers
@@ -311,7 +325,7 @@ def step_groups(
             "mlp",
             f.gemm_flops(v, N_lin=n_mlp / tp, T=T),
             v["b_w"] * n_mlp / tp + f.gemm_activation_bytes(v, T=T, X_io=setup.io_width_mlp * dense_layers),
-            gemm_peak, KERNELS_PER_LAYER["mlp"] * dense_layers, setup,
+            gemm_peak, KERNELS_PER_LAYER["mlp"] * dense_layers, setup, tokens=T, graph=graph,
         ))
 
     # MoE layers: k routed + shared experts per token; weights of the distinct experts touched
@@ -327,7 +341,7 @@ def step_groups(
             f.gemm_flops(v, N_lin=(routed * Lm + setup.moe_fixed_params) / tp, T=T),
             v["b_w"] * (touched * setup.expert_params_each * Lm / setup.dp + setup.moe_fixed_params) / tp
             + f.gemm_activation_bytes(v, T=T, X_io=setup.io_width_moe * Lm),
-            gemm_peak, KERNELS_PER_LAYER["moe"] * Lm, setup,
+            gemm_peak, KERNELS_PER_LAYER["moe"] * Lm, setup, tokens=T, graph=graph,
         ))
 
     # LM head: last position of each request only; logits in fp32
@@ -337,7 +351,7 @@ def step_groups(
         f.gemm_flops(v, N_lin=lm_params / tp, T=b),
         wide_bytes(setup.weight_dtype, EMBEDDING_BYTES) * lm_params / tp
         + b * (m.hidden_size * v["b_a"] + m.vocab_size * LOGIT_BYTES / tp),
-        setup.gpu.peak_flops_per_s(attention_rate(setup.weight_dtype)), 2, setup,
+        setup.gpu.peak_flops_per_s(attention_rate(setup.weight_dtype)), 2, setup, tokens=b, graph=graph,
     ))
 
     # attention core (QK^T, softmax, PV) over the cached and new tokens; with cp each rank does 1/cp
@@ -346,18 +360,22 @@ def step_groups(
     # the default share 1 they are one roofline over the step's attention work, otherwise two.
     attn_flops, attn_bytes = _attention_work(setup, S, P, b, phase)
     share = setup.gpu.efficiency.decode_attention if phase == "decode" else 1.0
+    # decode attention: one thread block per (sequence, KV head on this GPU); an MLA latent is one head
+    blocks = b * (1.0 if m.mla is not None else max(1.0, m.num_kv_heads / tp)) if phase == "decode" else None
     kernels = KERNELS_PER_LAYER["attention"] * L
     rate = setup.attention_rate_flops_per_s
     if chunk is not None:
         chunk_flops, chunk_bytes = _attention_work(setup, S_c, P_c, b_c + 0 * S_c, "prefill")
-        if share == 1.0:
+        if share == 1.0 and v["beta_blk"] == 0:
             attention = _roofline("attention", (attn_flops + chunk_flops) / cp, (attn_bytes + chunk_bytes) / cp,
                                   rate, 2 * kernels, setup)
         else:
-            attention = _roofline("attention", attn_flops / cp, attn_bytes / cp, rate, kernels, setup, share).plus(
+            attention = _roofline("attention", attn_flops / cp, attn_bytes / cp, rate, kernels, setup, share,
+                                  blocks=blocks).plus(
                 _roofline("attention", chunk_flops / cp, chunk_bytes / cp, rate, kernels, setup))
     else:
-        attention = _roofline("attention", attn_flops / cp, attn_bytes / cp, rate, kernels, setup, share)
+        attention = _roofline("attention", attn_flops / cp, attn_bytes / cp, rate, kernels, setup, share, graph=graph,
+                              blocks=blocks)
     groups.append(attention)
     if m.mla is not None:
         groups.extend(_mla_context_up_projection(setup, b * P * (phase == "prefill") + b_c * P_c))
@@ -417,7 +435,7 @@ def _mla_context_up_projection(setup: Setup, cached_tokens: np.ndarray) -> list[
         "mla_up_projection",
         f.gemm_flops(v, N_lin=mla.kv_lora_rank * expanded * m.num_layers, T=T),
         f.gemm_activation_bytes(v, T=T, X_io=(mla.kv_lora_rank + mla.qk_rope_head_dim + expanded) * m.num_layers),
-        setup.gemm_rate_flops_per_s, m.num_layers * (cached_tokens > 0), setup,
+        setup.gemm_rate_flops_per_s, m.num_layers * (cached_tokens > 0), setup, tokens=T,
     )]
 
 

@@ -18,8 +18,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
-from hardware_db.loader import ENV_VAR, database, load_gpu, load_model
-from hardware_db.schema import Efficiency, GPUSpec, KVDtype, ModelSpec, WeightDtype
+from hardware_db.loader import ENV_VAR, database, list_engines, load_engine, load_gpu, load_model
+from hardware_db.schema import Efficiency, EngineProfile, GPUSpec, KVDtype, ModelSpec, WeightDtype
 
 from .benchfiles import MAX_BENCH_FILE_BYTES
 from .calibrate import CalibrationFit
@@ -99,6 +99,8 @@ GPURef = Annotated[
                   custom_error_message="a GPU is an id string or an inline GPUSpec object"),
 ]
 Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+EngineProfileId = Annotated[str, Field(max_length=64, pattern=r"^[a-z0-9][a-z0-9.\-]*$",
+                                       examples=["generic", "trtllm-0.9"])]
 
 
 def resolve_model(ref: ModelRef, field: str = "model") -> ModelSpec:
@@ -135,6 +137,10 @@ def model_info(m: ModelSpec) -> ModelInfo:
 def gpu_catalog() -> list[GPUSpec]:
     gpus, _ = database()
     return [gpus[k] for k in sorted(gpus)]
+
+
+def engine_catalog() -> list[EngineProfile]:
+    return [load_engine(e) for e in list_engines()]
 
 
 def model_catalog() -> list[ModelInfo]:
@@ -260,6 +266,8 @@ class EstimateRequest(_Request):
     prefix_hit: float = Field(default=0.0, ge=0, lt=1, description="fraction of the prompt in the prefix cache")
     gpu_memory_utilisation: float = Field(default=0.9, gt=0, le=1)
     calibration: Efficiency | None = Field(default=None, description="efficiencies replacing the GPU's defaults")
+    engine: EngineProfileId = Field(default="generic", description="engine profile whose efficiencies to use "
+                                    "(GET /v1/engines; generic: the GPU entries' own); not with a calibration")
     rows: bool = Field(default=True, description="include the operator rows")
 
 
@@ -277,7 +285,7 @@ def run_estimate(req: EstimateRequest) -> EstimateResponse:
                  expert_imbalance=req.expert_imbalance, spec=req.spec, cp=req.cp, isl=req.isl,
                  osl=req.osl, batch=req.batch, weight_dtype=req.weight_dtype, kv_dtype=req.kv_dtype,
                  prefix_hit=req.prefix_hit, gpu_memory_utilisation=req.gpu_memory_utilisation,
-                 calibration=req.calibration, rows=True)
+                 calibration=req.calibration, rows=True, engine=req.engine)
     names = list(BASE_ESTIMATE_FORMULAS) + sorted({r.formula for r in e.rows} - set(BASE_ESTIMATE_FORMULAS))
     if not req.rows:
         e = e.model_copy(update={"rows": ()})
@@ -317,6 +325,8 @@ class PlanRequest(_Request):
         "least 32,768 tokens (at the widest tp); empty: none")
     calibration: Efficiency | None = Field(default=None, description="efficiencies replacing every candidate GPU's "
                                            "(from pdplan validate or POST /v1/calibrate)")
+    engine: EngineProfileId = Field(default="generic", description="engine profile whose efficiencies to use "
+                                    "(GET /v1/engines; generic: the GPU entries' own); not with a calibration")
     emit: Engine | None = Field(default=None, description="also return the best deployment as launch commands for "
                                 "this engine (vllm, sglang, trtllm or dynamo), or as Kubernetes manifests of vLLM (k8s)")
     model_path: str | None = Field(default=None, max_length=512, description="with emit: what the engine loads (a "
@@ -335,7 +345,7 @@ def run_plan(req: PlanRequest) -> PlanResponse:
              objective=req.objective, tps=tuple(req.tps), chunk_sizes=tuple(req.chunk_sizes),
              weight_dtype=req.weight_dtype, kv_dtype=req.kv_dtype, kv_link=req.kv_link, whole_nodes=req.whole_nodes,
              scheduler=req.scheduler, dps=tuple(req.dps), cps=tuple(req.cps), spec=req.spec,
-             calibration=req.calibration)
+             calibration=req.calibration, engine=req.engine)
     launch = None
     if req.emit is not None and p.best is not None:
         launch = to_launch(resolve_model(req.model), p.best.deployment, req.emit, model_path=req.model_path)
@@ -358,12 +368,14 @@ class EvaluateRequest(_Request):
     gpus: list[GPUSpec] = Field(default_factory=list, max_length=2, description="inline specs for custom pool GPU ids")
     calibration: Efficiency | None = Field(default=None, description="efficiencies replacing every pool GPU's "
                                            "(from pdplan validate or POST /v1/calibrate)")
+    engine: EngineProfileId = Field(default="generic", description="engine profile whose efficiencies to use "
+                                    "(GET /v1/engines; generic: the GPU entries' own); not with a calibration")
 
 
 def run_evaluate(req: EvaluateRequest) -> Evaluation:
     """``evaluate`` checks the context window and the pools' GPU ids itself (404 naming the closest)."""
     return evaluate(resolve_model(req.model), req.deployment, req.workload, req.slo, gpus=req.gpus,
-                    calibration=req.calibration)
+                    calibration=req.calibration, engine=req.engine)
 
 
 # ------------------------------------------------------------------------------------------ schedule

@@ -4,18 +4,21 @@ from .errors import AmbiguousIdError, HardwareDBError, InputError, PdplanError, 
 from .loader import (
     ENV_VAR,
     database,
+    list_engines,
     list_gpus,
     list_models,
+    load_engine,
     load_gpu,
     load_model,
     validate_file,
 )
-from .schema import Efficiency, GPUSpec, MLASpec, ModelSpec, MoESpec, PeakTflops
+from .schema import Efficiency, EngineProfile, GPUSpec, MLASpec, ModelSpec, MoESpec, PeakTflops
 
 __all__ = [
     "ENV_VAR",
     "AmbiguousIdError",
     "Efficiency",
+    "EngineProfile",
     "GPUSpec",
     "HardwareDBError",
     "InputError",
@@ -26,8 +29,10 @@ __all__ = [
     "PeakTflops",
     "UnknownIdError",
     "database",
+    "list_engines",
     "list_gpus",
     "list_models",
+    "load_engine",
     "load_gpu",
     "load_model",
     "validate_file",

@@ -20,11 +20,12 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from .errors import AmbiguousIdError, HardwareDBError, InputError, UnknownIdError
-from .schema import GPUFile, GPUSpec, ModelFile, ModelSpec, UserFile
+from .schema import EngineFile, EngineProfile, GPUFile, GPUSpec, ModelFile, ModelSpec, UserFile
 
 DATA_DIR = Path(__file__).parent / "data"
 GPU_FILE = DATA_DIR / "gpus.yaml"
 MODEL_FILE = DATA_DIR / "models.yaml"
+ENGINE_FILE = DATA_DIR / "engines.yaml"
 ENV_VAR = "PDPLAN_HARDWARE_DB"
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's C parser when built: ~10x faster
 
@@ -205,3 +206,25 @@ def validate_file(path: str | os.PathLike[str]) -> UserFile:
     user: UserFile = _validate(p, _read(p), UserFile)
     _Database.of({g.id: g for g in user.gpus}, {m.id: m for m in user.models}, p, p)
     return user
+
+
+@lru_cache(maxsize=1)
+def _engines() -> dict[str, EngineProfile]:
+    engines: EngineFile = _validate(ENGINE_FILE, _read(ENGINE_FILE), EngineFile)
+    return {e.id: e for e in engines.engines}
+
+
+def load_engine(engine_id: str) -> EngineProfile:
+    """The bundled engine profile with this id (``generic``: the GPU entries' own efficiencies);
+    ``UnknownIdError`` on ``engine`` naming the closest ids if there is none."""
+    if not isinstance(engine_id, str):
+        raise InputError("engine", f"an engine profile id is a string (see list_engines()), got "
+                                   f"{type(engine_id).__name__}")
+    engines = _engines()
+    if engine_id not in engines:
+        raise UnknownIdError("engine profile", engine_id, sorted(engines), field="engine")
+    return engines[engine_id]
+
+
+def list_engines() -> list[str]:
+    return sorted(_engines())

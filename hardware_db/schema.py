@@ -64,6 +64,17 @@ class Efficiency(_Record):
                                         "scheduler's and sampler's per-request work, output processing), us; 0 in "
                                         "the bundled defaults, fitted by the serving validation on engines where "
                                         "it shows")
+    gemm_half_tokens: float = Field(default=0.0, ge=0, le=1e6, description="tokens in a step at which the linear "
+                                    "layers reach half the compute efficiency (``gemm_compute_efficiency``: "
+                                    "compute x T / (T + this)); 0: compute at every size (the bundled GPU defaults)")
+    decode_attention_block_gb_s: float = Field(default=0.0, ge=0, le=1e5, description="KV bandwidth one decode "
+                                               "attention thread block streams (one sequence, one KV head), GB/s: "
+                                               "a decode step with few sequences x KV heads per GPU reads its cache "
+                                               "at most that many times this (``decode_attention_memory_efficiency``"
+                                               "); 0: no such limit (the bundled GPU defaults)")
+    decode_graph_launch: float = Field(default=1.0, ge=0, le=1, description="share of the per-kernel latency a "
+                                       "decode step pays (``launch_latency``): below 1 where the engine replays decode "
+                                       "steps from CUDA graphs; 1: every kernel launched on its own")
     collective_latency_us: float = Field(default=8.0, ge=0, le=1e6, description="latency per collective (all-reduce, all-to-all), us")
     fitted_on: str | None = Field(default=None, description="which measurements the values were fitted to")
 
@@ -280,3 +291,57 @@ def _require_unique(ids: list[str]) -> None:
         if i in seen:
             raise ValueError(f"duplicate id {i!r}")
         seen.add(i)
+
+
+ENGINE_EFFICIENCY_FIELDS = frozenset(Efficiency.model_fields) - {"fitted_on"}
+
+
+class EngineProfile(_Record):
+    """An inference engine's efficiencies: fields of ``Efficiency`` that replace a GPU entry's defaults when a user
+    names the engine (``engine=``). ``shared`` applies to every GPU; ``gpus`` adds per-GPU values (the compute and
+    memory efficiencies the engine reached on each GPU it was fitted on). A GPU the profile has no entry for keeps
+    its own compute and memory efficiencies and takes the shared terms."""
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$", max_length=64)
+    engine: Literal["trtllm", "vllm", "sglang", "generic"]
+    version: str = Field(default="", max_length=64, description="the engine versions the profile describes")
+    description: str = Field(max_length=2000)
+    shared: dict[str, float] = Field(default_factory=dict, description="Efficiency fields for every GPU")
+    gpus: dict[str, dict[str, float]] = Field(default_factory=dict, description="GPU id -> Efficiency fields")
+    fitted_on: str = Field(default="", max_length=2000, description="the measurements and fit the values come from")
+    sources: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _known_fields(self) -> EngineProfile:
+        for where, fields in [("shared", self.shared), *((f"gpus.{g}", v) for g, v in self.gpus.items())]:
+            unknown = set(fields) - ENGINE_EFFICIENCY_FIELDS
+            if unknown:
+                raise ValueError(f"{where}: {sorted(unknown)} are not efficiency fields "
+                                 f"(known: {sorted(ENGINE_EFFICIENCY_FIELDS)})")
+            Efficiency.model_validate({**self.shared, **fields})  # every value within its field's bounds
+        return self
+
+    def efficiency(self, gpu_id: str, base: Efficiency) -> Efficiency:
+        """``base`` (a GPU entry's efficiencies) with this profile's shared and per-GPU values over it."""
+        if self.engine == "generic" and not self.shared and not self.gpus:
+            return base
+        own = self.gpus.get(gpu_id)
+        note = (f"engine profile {self.id} ({self.fitted_on})" if own is not None else
+                f"engine profile {self.id}'s shared terms over {gpu_id}'s own compute and memory efficiencies "
+                f"(the profile was not fitted on {gpu_id})")
+        return Efficiency.model_validate({**base.model_dump(), **self.shared, **(own or {}), "fitted_on": note})
+
+
+class EngineFile(_Record):
+    schema_version: Literal[1]
+    engines: tuple[EngineProfile, ...]
+
+    @field_validator("engines")
+    @classmethod
+    def _unique(cls, engines: tuple[EngineProfile, ...]) -> tuple[EngineProfile, ...]:
+        ids = [e.id for e in engines]
+        if len(ids) != len(set(ids)):
+            raise ValueError(f"duplicate engine ids: {sorted({i for i in ids if ids.count(i) > 1})}")
+        if "generic" not in ids:
+            raise ValueError("the 'generic' profile (the GPU entries' own efficiencies) must be present")
+        return engines

@@ -322,6 +322,24 @@ def test_a_shared_link_fills_the_form_and_runs_the_plan(browser):
     assert "llama-3.1-8b" in d.find_element(By.ID, "recommendation").text
 
 
+def test_an_engine_profile_from_a_link_is_chosen_and_sent(browser, http):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    d = browser.driver
+    query = "model=llama-2-70b&gpus=h100-sxm&rate=2&isl=2000&osl=200&ttft_s=1&tpot_ms=20&engine=trtllm-0.9"
+    open_planner(d, f"{browser.base}/?{query}")
+    wait_result(d)
+    select = Select(d.find_element(By.ID, "engine"))
+    assert select.first_selected_option.get_attribute("value") == "trtllm-0.9"
+    assert [o.get_attribute("value") for o in select.options] == ["generic", "trtllm-0.9"]
+    body = {"model": "llama-2-70b", "gpus": ["h100-sxm"], "workload": {"rate": 2, "isl": 2000, "osl": 200},
+            "slo": {"ttft_s": 1, "tpot_s": 0.02}, "engine": "trtllm-0.9"}
+    best = {e: http.post("/v1/plan", json={**body, "engine": e}).json()["plan"]["best"] for e in ("generic", "trtllm-0.9")}
+    assert best["trtllm-0.9"]["num_gpus"] != best["generic"]["num_gpus"]  # the profile changes the answer here
+    assert f"{best['trtllm-0.9']['num_gpus']}\nGPUs" in d.find_element(By.ID, "recommendation").text
+
+
 def test_an_slo_no_deployment_meets_offers_the_nearest_that_one_does(browser):
     from selenium.webdriver.common.by import By
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path
+from pydantic import BaseModel, Field
 
-from calculator.service import ModelInfo, gpu_catalog, model_catalog, model_info
-from hardware_db.loader import load_gpu, load_model
-from hardware_db.schema import GPUSpec
+from calculator.engines import PhaseError, profile_errors
+from calculator.service import ModelInfo, engine_catalog, gpu_catalog, model_catalog, model_info
+from hardware_db.loader import load_engine, load_gpu, load_model
+from hardware_db.schema import EngineProfile, GPUSpec
 
 from ..errors import ERROR_RESPONSES, Detail
 
@@ -34,3 +36,21 @@ async def models() -> list[ModelInfo]:
 @router.get("/models/{model_id}", response_model=ModelInfo, responses=ERROR_RESPONSES, summary="One model")
 async def model(model_id: Annotated[str, Path(max_length=64, examples=["llama-3.1-70b"])]) -> ModelInfo:
     return model_info(load_model(model_id))
+
+
+@router.get("/engines", response_model=list[EngineProfile], summary="All engine profiles, with what they were fitted on")
+async def engines() -> list[EngineProfile]:
+    return engine_catalog()
+
+
+class EngineProfileErrors(BaseModel):
+    profile: EngineProfile
+    errors: list[PhaseError] = Field(description="|predicted / measured - 1| of prefill and decode step times per "
+                                     "published source (the one fitted and the ones held out), per GPU and tp")
+
+
+@router.get("/engines/{engine_id}", response_model=EngineProfileErrors, responses=ERROR_RESPONSES,
+            summary="One engine profile and its error against the public step latencies")
+def engine(engine_id: Annotated[str, Path(max_length=64, examples=["trtllm-0.9"])]) -> EngineProfileErrors:
+    profile = load_engine(engine_id)
+    return EngineProfileErrors(profile=profile, errors=profile_errors(profile.id, by=("gpu", "tp")))

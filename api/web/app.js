@@ -14,6 +14,7 @@
     rate: "4", isl: "4000", isl_cv: "0", osl: "500", osl_cv: "0", prefix_hit: "0",
     ttft_s: "2", tpot_ms: "50", percentile: "90", itl_ms: "", attainment: "per_metric",
     modes: MODES.slice(), objective: "gpus", scheduler: "hybrid", weight_dtype: "bf16", kv_dtype: "bf16",
+    engine: "generic",
   };
   const ALWAYS_IN_URL = ["model", "gpus", "rate", "isl", "osl", "ttft_s", "tpot_ms"];
   const NUMBER_FIELDS = [  // [state key = input id = query parameter, API path, label, unit, fieldset]
@@ -33,7 +34,7 @@
   const INPUTS = {  // state key -> input id
     ...Object.fromEntries(NUMBER_FIELDS.map(([key]) => [key, key])), model: "model", hf: "hf-config",
     attainment: "attainment", objective: "objective", scheduler: "scheduler", weight_dtype: "weight-dtype",
-    kv_dtype: "kv-dtype",
+    kv_dtype: "kv-dtype", engine: "engine",
   };
 
   const $ = (sel, root = document) => root.querySelector(sel);
@@ -121,7 +122,12 @@
   // ------------------------------------------------------------------ catalog
 
   async function loadCatalog() {
-    const [models, gpus] = await Promise.all([api("/v1/models"), api("/v1/gpus")]);
+    const [models, gpus, engines] = await Promise.all([api("/v1/models"), api("/v1/gpus"), api("/v1/engines")]);
+    for (const e of engines) {
+      if (e.id === "generic") continue;  // the page's own first option
+      $("#engine").append(el("option", { value: e.id, title: e.fitted_on || null },
+                             `${e.id} (${e.engine} ${e.version}, fitted on ${Object.keys(e.gpus).join(", ")})`));
+    }
     const list = $("#model-list");
     for (const m of models) {
       catalog.models.set(m.spec.id, m);
@@ -246,6 +252,7 @@
       model,
       workload: { rate: num("rate"), isl: length("isl"), osl: length("osl"), prefix_hit: num("prefix_hit") },
       slo, objective: s.objective, scheduler: s.scheduler, weight_dtype: s.weight_dtype, kv_dtype: s.kv_dtype,
+      engine: s.engine || "generic",
     };
     if (s.gpus.length) body.gpus = s.gpus;
     if (s.modes.length) body.modes = s.modes;
@@ -664,7 +671,7 @@
     const cap = candidate.capacity_rps;
     const rates = [...new Set([...LOAD_FRACTIONS.map((f) => round3(f * cap)), body.workload.rate])].filter((r) => r >= 1e-6).sort((a, b) => a - b);
     const evaluate = (rate) => queue(() => api("/v1/evaluate", {
-      model: body.model, deployment: candidate.deployment, workload: { ...body.workload, rate },
+      model: body.model, deployment: candidate.deployment, workload: { ...body.workload, rate }, engine: body.engine,
     }, ctl.signal));
     const results = await Promise.allSettled(rates.map(evaluate));
     if (ctl !== loadAbort) return;

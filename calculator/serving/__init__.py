@@ -16,6 +16,7 @@ from hardware_db.schema import GPUSpec, ModelSpec
 
 from .. import budget
 from ..arguments import as_model, gpu_spec, items, model_spec
+from ..engines import DEFAULT_ENGINE, engine_gpu
 from ..errors import InputError, UnknownIdError
 from ..limits import MAX_GPU_TYPES
 from . import chunked, disaggregated, mixed
@@ -71,7 +72,7 @@ def in_steps(w: Workload, tokens_per_step: float) -> Workload:
 def evaluate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
              workload: Workload | Mapping[str, Any], slo: SLO | Mapping[str, Any] | None = None,
              gpus: Sequence[GPUSpec | Mapping[str, Any]] | GPUSpec = (),
-             calibration: Any = None) -> Evaluation:
+             calibration: Any = None, engine: str = "generic") -> Evaluation:
     """TTFT/TPOT statistics, utilisation and goodput of a deployment at the workload's rate.
 
     ``deployment``, ``workload`` and ``slo`` are the models or mappings of their fields. ``gpus``
@@ -79,6 +80,7 @@ def evaluate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
     them). ``calibration`` (an ``Efficiency``, a mapping of its fields or a calibration YAML from
     ``pdplan validate`` or ``pdplan calibrate``) replaces the efficiencies of every pool's GPU; to
     calibrate one pool of two GPU types, pass that GPU's calibrated spec in ``gpus`` instead.
+    ``engine`` names an engine profile (``list_engines()``) applied to every pool's GPU instead.
     Invalid arguments raise ``InputError`` naming the argument path
     (``deployment.prefill.tp``); a workload whose longest prompt and output exceed the model's
     context window is one.
@@ -88,13 +90,14 @@ def evaluate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
     workload = as_model("workload", workload, Workload)
     slo = None if slo is None else as_model("slo", slo, SLO)
     check_context(m, workload)
-    pools = _pool_models(m, deployment, workload, gpus, calibration)
+    pools = _pool_models(m, deployment, workload, gpus, calibration, engine)
+    engine_used = "calibration" if calibration is not None else engine
     bad = next((pm for pm in pools if not pm.fits), None)
     if bad is not None:
         return Evaluation(mode=deployment.mode, stable=False, reason=bad.reason, utilisation=None,
                           binding="GPU memory (the weights)", ttft_mean_s=None,
                           tpot_mean_s=None, kv_transfer_s=None, decode_batch=None, goodput_rps=0.0,
-                          num_gpus=deployment.num_gpus)
+                          num_gpus=deployment.num_gpus, engine=engine_used)
     rate = np.array([workload.rate])
     by_p = {}
     for pc in PERCENTILES:
@@ -122,23 +125,26 @@ def evaluate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
         ttft_by_percentile_s={pc: float(a.ttft_p_s[0]) for pc, a in by_p.items()} if stable else {},
         tpot_by_percentile_s={pc: float(a.tpot_p_s[0]) for pc, a in by_p.items()} if stable else {},
         itl_by_percentile_s={pc: float(a.itl_p_s[0]) for pc, a in by_p.items()} if stable else {},
+        engine=engine_used,
     )
 
 
 def _pool_models(m: ModelSpec, d: Deployment, w: Workload,
-                 gpus: Sequence[GPUSpec | Mapping[str, Any]] | GPUSpec, calibration: Any = None) -> list[PoolModel]:
+                 gpus: Sequence[GPUSpec | Mapping[str, Any]] | GPUSpec, calibration: Any = None,
+                 engine: str = "generic") -> list[PoolModel]:
     """The deployment's PoolModels; ``gpus`` are inline GPU specs for pool ids not in the database, and
-    ``calibration`` replaces every pool GPU's efficiencies."""
+    ``calibration`` (or else the ``engine`` profile) replaces every pool GPU's efficiencies."""
     given = [] if isinstance(gpus, (list, tuple)) and not gpus else items("gpus", gpus, MAX_GPU_TYPES,
                                                                           (GPUSpec, Mapping))
     custom = {spec.id: spec for spec in (as_model(f"gpus.{i}", g, GPUSpec) for i, g in enumerate(given))}
     names = ("prefill", "decode") if d.mode == "disaggregated" else ("pool",)
-    if calibration is not None:
-        from ..calibration import apply_calibration
-
+    if calibration is not None or engine not in (None, DEFAULT_ENGINE):
+        adjusted: dict[str, GPUSpec] = {}
         for name, p in zip(names, d.pools):
-            spec = custom.get(p.gpu) or gpu_spec(p.gpu, f"deployment.{name}.gpu")
-            custom[p.gpu] = apply_calibration(spec, calibration)
+            if p.gpu not in adjusted:
+                spec = custom.get(p.gpu) or gpu_spec(p.gpu, f"deployment.{name}.gpu")
+                adjusted[p.gpu] = engine_gpu(spec, engine, calibration)
+        custom.update(adjusted)
     return [_pool_model(m, name, p, w, custom) for name, p in zip(names, d.pools)]
 
 

@@ -825,6 +825,8 @@ class Evaluation(BaseModel):
     stable: bool
     reason: str | None = None
     utilisation: float | None = Field(description="the binding resource's load, 1 = saturated")
+    engine: str = Field(default="generic", description="the engine profile whose efficiencies the pools used "
+                        "(generic: the GPU entries' own; calibration: the user's fit)")
     binding: str | None = Field(default=None, description="the resource that binds: prefill interference (mixed), "
                                 "prefill chunks, decode bandwidth, batch cap, KV memory, prefill pool (disaggregated)")
     ttft_mean_s: float | None
