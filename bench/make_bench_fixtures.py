@@ -14,28 +14,46 @@ import json
 from pathlib import Path
 
 import calculator as pc
-from calculator.serving import Deployment, Pool, Workload, evaluate
+from calculator.serving import Deployment, Pool, PoolModel, Workload, evaluate
+from calculator.serving.closed import closed_loop
 
 OUT = Path("tests/fixtures/bench_results")
 TRUE = {"compute": 0.70, "memory": 0.85, "step_overhead_us": 400.0}
 NOISE = (1.03, 0.97, 1.02, 0.98, 1.04, 0.96, 1.01, 0.99)
 
 
-def predict(rate: float, isl: int, osl: int, concurrency: int | None = None) -> tuple[float, float, float, float]:
-    """(median TTFT, mean TTFT, median TPOT, mean TPOT) in ms at ``rate`` requests/s."""
+def _gpu() -> pc.GPUSpec:
     g = pc.load_gpu("h100-sxm")
-    g = g.model_copy(update={"efficiency": g.efficiency.model_copy(update=TRUE)})
-    pool = Pool(gpu=g.id, **({"max_batch": concurrency} if concurrency else {}))
-    e = evaluate("llama-3.1-8b", Deployment(mode="mixed", pool=pool), Workload(rate=rate, isl=isl, osl=osl), gpus=[g])
+    return g.model_copy(update={"efficiency": g.efficiency.model_copy(update=TRUE)})
+
+
+def predict(rate: float, isl: int, osl: int) -> tuple[float, float, float, float]:
+    """(median TTFT, mean TTFT, median TPOT, mean TPOT) in ms of an open loop at ``rate`` requests/s."""
+    g = _gpu()
+    e = evaluate("llama-3.1-8b", Deployment(mode="mixed", pool=Pool(gpu=g.id)), Workload(rate=rate, isl=isl, osl=osl),
+                 gpus=[g])
     assert e.stable, (rate, isl, osl)
     return e.ttft_s(50) * 1e3, e.ttft_mean_s * 1e3, e.tpot_s(50) * 1e3, e.tpot_mean_s * 1e3
 
 
+def predict_closed(isl: int, osl: int, concurrency: int) -> tuple[float, tuple[float, float, float, float]]:
+    """(throughput req/s, (median TTFT, mean TTFT, median TPOT, mean TPOT) in ms) of a closed loop of
+    ``concurrency`` requests (fixed lengths: medians are the means)."""
+    g = _gpu()
+    pm = PoolModel.build(pc.load_model("llama-3.1-8b"), Pool(gpu=g.id), Workload(rate=1.0, isl=isl, osl=osl), g)
+    c = closed_loop(pm, isl, osl, concurrency)
+    return c.throughput_rps, (c.ttft_s * 1e3, c.ttft_s * 1e3, c.tpot_s * 1e3, c.tpot_s * 1e3)
+
+
 def vllm_runs() -> list[dict]:
     runs = []
-    for i, (rate, conc) in enumerate(((2.0, None), (6.0, None), (10.0, None), (7.5, 16))):
+    for i, (rate, conc) in enumerate(((2.0, None), (6.0, None), (10.0, None), (None, 16))):
         isl, osl, n = 1024, 128, 200
-        t50, tmean, p50, pmean = (x * NOISE[i] for x in predict(rate, isl, osl, conc))
+        if conc:
+            rate, times = predict_closed(isl, osl, conc)
+        else:
+            times = predict(rate, isl, osl)
+        t50, tmean, p50, pmean = (x * NOISE[i] for x in times)
         runs.append({
             "date": f"20261130-10{i}000", "endpoint_type": "openai", "backend": "openai", "label": None,
             "model_id": "meta-llama/Llama-3.1-8B-Instruct", "tokenizer_id": "meta-llama/Llama-3.1-8B-Instruct",
@@ -73,8 +91,9 @@ def sglang_runs() -> list[dict]:
 
 
 def genai_perf_run() -> dict:
-    isl, osl, conc, rate = 512, 256, 8, 1.6
-    t50, tmean, p50, pmean = (x * NOISE[7] for x in predict(rate, isl, osl, conc))
+    isl, osl, conc = 512, 256, 8
+    rate, times = predict_closed(isl, osl, conc)
+    t50, tmean, p50, pmean = (x * NOISE[7] for x in times)
 
     def stat(avg: float, p50_: float, unit: str) -> dict:
         return {"unit": unit, "avg": avg, "p50": p50_, "p90": avg * 1.3, "p99": avg * 2, "min": avg * 0.5,

@@ -31,16 +31,17 @@ _SOURCES: dict[str, str] = {
     **dict.fromkeys(("active_param_count", "param_count"), ".params"),
     "Speculation": ".speculation",
     **dict.fromkeys(("Candidate", "Plan", "plan"), ".optimizer"),
-    **dict.fromkeys(("SLO", "Deployment", "Evaluation", "Length", "Pool", "Workload", "evaluate"), ".serving"),
+    **dict.fromkeys(("SLO", "ClosedLoop", "Deployment", "Evaluation", "Length", "Pool", "Workload", "closed_loop",
+                     "evaluate"), ".serving"),
     **dict.fromkeys(("Simulation", "simulate"), ".serving.simulate"),
 }
 """Public name -> the module it comes from."""
 
 __all__ = [
-    "FORMULAS", "SLO", "AmbiguousIdError", "BatchRow", "BenchPoint", "CalibrationFit", "Cancelled", "Candidate", "DeadlineExceeded", "Deployment", "Efficiency", "EngineProfile", "Estimate",
+    "FORMULAS", "SLO", "AmbiguousIdError", "BatchRow", "BenchPoint", "CalibrationFit", "Cancelled", "Candidate", "ClosedLoop", "DeadlineExceeded", "Deployment", "Efficiency", "EngineProfile", "Estimate",
     "Evaluation", "Formula", "GPUSpec", "HardwareDBError", "InputError", "Launch", "Length", "MemoryBreakdown",
     "ModelSpec", "OpRow", "PdplanError", "Plan", "Pool", "Schedule", "Simulation", "Speculation", "UnknownIdError", "UnstableError",
-    "Workload", "active_param_count", "calibrate", "deadline", "estimate", "evaluate", "kv_bytes_per_token", "kv_cache_bytes", "list_engines", "list_gpus",
+    "Workload", "active_param_count", "calibrate", "closed_loop", "deadline", "estimate", "evaluate", "kv_bytes_per_token", "kv_cache_bytes", "list_engines", "list_gpus",
     "list_models", "load_engine", "load_gpu", "load_model", "model_from_hf_config", "param_count", "plan", "read_benchmark_files",
     "plan_many", "plan_schedule", "simulate", "to_launch", "Window", "PhaseError", "StepLatency",
     "load_step_latencies", "profile_errors",
@@ -109,5 +110,5 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from .schedule import Schedule, Window, plan_schedule
     from .optimizer import Candidate, Plan, plan
     from .params import active_param_count, param_count
-    from .serving import SLO, Deployment, Evaluation, Length, Pool, Workload, evaluate
+    from .serving import SLO, ClosedLoop, Deployment, Evaluation, Length, Pool, Workload, closed_loop, evaluate
     from .speculation import Speculation

@@ -2,9 +2,10 @@
 
 Each benchmark run (``calculator.benchfiles``) is predicted by pdplan's serving model itself
 (``calculator.serving.evaluate``): the deployment the user ran (one instance, ``tp`` GPUs, the
-engine's scheduler), the run's mean prompt and output lengths, and as arrival rate the throughput
-the run achieved. A closed-loop run (``max_concurrency`` N) caps the batch at N; by Little's law the
-running batch at that throughput is what the loop held. The free constants, compute and memory
+engine's scheduler) and the run's mean prompt and output lengths. An open-loop run (a Poisson
+``request_rate``) arrives at the throughput it achieved; a closed-loop run (``max_concurrency`` N and no rate:
+N requests always in flight) is ``serving.closed.closed_loop``, since a Poisson queue at a closed loop's
+throughput with N slots would be saturated by construction. The free constants, compute and memory
 efficiency and the fixed cost per step, minimise the squared log errors of the median TTFT and the
 median TPOT over all runs (Nelder-Mead in log efficiency, bounded). The held-out error is two-fold:
 runs sorted by load, alternate ones fitted, the others predicted, and the other way round.
@@ -30,6 +31,7 @@ from .arguments import gpu_spec, model_spec
 from .benchfiles import BenchPoint, read_benchmark_files
 from .errors import InputError
 from .serving import Deployment, Pool, PoolModel, Workload, analyse
+from .serving.closed import closed_loop
 
 FITTED = ("compute", "memory", "step_overhead_us")
 """The constants a serving benchmark constrains: prefill (TTFT) is compute-bound, decode (TPOT) memory-bound, and
@@ -90,6 +92,8 @@ class CalibrationFit(BaseModel):
     median_abs_error: float = Field(description="over every run's median TTFT and TPOT, fitted on all runs (runs "
                                     "the model calls unstable at their throughput are counted in unstable_runs)")
     p90_abs_error: float
+    max_abs_error: float = Field(default=0.0, description="the largest of them: every run's TTFT and TPOT is within "
+                                 "this of the fitted profile's prediction")
     unstable_runs: int = Field(default=0, description="runs whose throughput the fitted model calls unstable")
     held_out_median_abs_error: float | None = Field(description="two-fold: each half predicted by the other's fit; "
                                                     "None with fewer than 4 runs")
@@ -117,6 +121,13 @@ def _predict(model: ModelSpec, gpu: GPUSpec, runs: Sequence[BenchPoint], setup: 
         pools = tuple(PoolModel.build(model, p, w, gpu) for p in d.pools)
         if not all(pm.fits for pm in pools):
             raise InputError("tp", f"{pools[0].reason}")
+        if r.request_rate_rps is None and r.max_concurrency is not None and (
+                d.mode == "chunked" or d.scheduler == "hybrid"):
+            # a closed loop: N requests always in flight, no Poisson queue (its means; fixed lengths)
+            c = closed_loop(pools[0], r.isl_mean, r.osl_mean, r.max_concurrency,
+                            setup["chunk_tokens"] or setup["max_batched_tokens"])
+            out.append((c.ttft_s, c.tpot_s))
+            continue
         a = analyse(model, d, w, np.array([r.throughput_rps]), 0.5, pools)
         if not bool(a.stable[0]):
             out.append((None, None))
@@ -233,7 +244,7 @@ def calibrate(model: str | ModelSpec, gpu: str | GPUSpec, runs: Iterable[BenchPo
     return CalibrationFit(
         model=m.id, gpu=g.id, tp=tp, weight_dtype=weight_dtype, scheduler="chunked" if chunk_tokens else scheduler,
         efficiency=eff, fitted=FITTED, runs=fits, median_abs_error=float(np.median(errs)),
-        p90_abs_error=float(np.percentile(errs, 90)),
+        p90_abs_error=float(np.percentile(errs, 90)), max_abs_error=float(np.max(errs)),
         unstable_runs=sum(f.ttft_predicted_s is None for f in fits),
         held_out_unstable_runs=0 if held_all is None else sum(f.held_out_ttft_predicted_s is None for f in fits),
         held_out_median_abs_error=None if held_errs is None else float(np.median(held_errs)),
@@ -248,6 +259,7 @@ def calibration_yaml(fit: CalibrationFit) -> str:
     body = {"device": fit.gpu, "model": fit.model, "tp": fit.tp, "weight_dtype": fit.weight_dtype,
             "scheduler": fit.scheduler, "fitted": list(fit.fitted), "runs": len(fit.runs),
             "median_abs_error": round(fit.median_abs_error, 4), "p90_abs_error": round(fit.p90_abs_error, 4),
+            "max_abs_error": round(fit.max_abs_error, 4),
             "held_out_median_abs_error": None if fit.held_out_median_abs_error is None
             else round(fit.held_out_median_abs_error, 4),
             "efficiency": fit.efficiency.model_dump(exclude_none=True)}

@@ -89,7 +89,9 @@ class Estimate(_Out):
     fits: bool
     reason: str | None = Field(description="why it does not fit, None when it does")
     num_gpus: int
-    ttft_s: float | None = Field(description="prefill step time (no queueing)")
+    ttft_s: float | None = Field(description="time to first token of a lone request: the prefill step plus the "
+                                 "engine profile's request path (``served_ttft``; 0 unless a profile or "
+                                 "calibration sets ``request_overhead_us``), no queueing")
     prefill_s: float | None
     tpot_s: float | None = Field(description="decode step time at the mean context isl + (osl+1)/2; with pp > 1 the "
                                  "step of one micro-batch of batch / pp sequences (pp of them in flight); with "
@@ -274,10 +276,11 @@ def estimate(
         dec = speculative_groups(setup, spec, micro_batch, contexts)
         dec_times = step_time_s(dec, setup) / spec.tokens_per_step
     first, mean, last = (float(x) for x in dec_times)
+    ttft_s = float(f.served_ttft(T_eng=prefill_s, t_req=setup.gpu.efficiency.request_overhead_us * 1e-6))
     dec_mean = [gr.at(1) for gr in dec]  # the step at the mean context
     return Estimate(
-        fits=True, reason=None, ttft_s=prefill_s, prefill_s=prefill_s, tpot_s=mean,
-        e2e_s=prefill_s + (osl - 1) * mean, decode_first_step_s=first, decode_last_step_s=last,
+        fits=True, reason=None, ttft_s=ttft_s, prefill_s=prefill_s, tpot_s=mean,
+        e2e_s=ttft_s + (osl - 1) * mean, decode_first_step_s=first, decode_last_step_s=last,
         output_tokens_per_s=batch / mean,
         prefill_bound=phase_bound(pre, setup).item(), decode_bound=phase_bound(dec_mean, setup).item(),
         prefill_intensity_flops_per_byte=_intensity(pre), decode_intensity_flops_per_byte=_intensity(dec_mean),

@@ -109,11 +109,17 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "t_d": ("t_{d}", "decode step time", "s"),
     "rho_p": ("\\rho_{p}", "fraction of time spent in prefill", "1"),
     "n_out": ("n_{out}", "output tokens per request", "tokens"),
+    "T_eng": ("T_{eng}", "time to first token inside the engine (queue, batch slot, the prompt's own steps)", "s"),
+    "t_req": ("t_{req}", "a served request's time outside the engine's steps before its first token reaches the client", "s"),
     "c_w2": ("c^{2}_{w}", "squared coefficient of variation of a wait, given that it is positive", "1"),
     "theta_w": ("\\theta_{w}", "Weibull scale of a positive wait: its mean / Gamma(1 + 1/k)", "s"),
     "N_a": ("N_{a}", "mean arrivals during one step", "requests"),
     "m": ("m", "prompts that arrive per prompt's share of a step (lambda tau)", "1"),
     "TPOT": ("TPOT", "time per output token", "s"),
+    "N_c": ("N_{c}", "requests a closed-loop client keeps in flight (its concurrency)", "requests"),
+    "X_c": ("X", "requests completed per second", "1/s"),
+    "x_p": ("x_{p}", "time one prompt adds to the step it rides in (beyond the plain decode step)", "s"),
+    "S_own": ("S_{own}", "the engine time from a prompt's arrival to its first token (its own step or steps)", "s"),
     "E_X2": ("E[X^{2]}", "second moment of one prompt's stall (the time its step(s) add to every running decode)", "s^2"),
     "E_inv_n": ("E[1/n]", "mean of 1 / (output tokens - 1) over requests", "1/tokens"),
     "t_slope": ("{t'_{d}}", "decode step time added by one more sequence in the batch", "s"),
@@ -806,6 +812,22 @@ max_batch = Formula(
 # --- queueing and serving ----------------------------------------------------------------------
 
 
+def _served_ttft(T_eng: Any, t_req: Any) -> Any:
+    return T_eng + t_req
+
+
+served_ttft = Formula(
+    name="served_ttft",
+    section="queueing and serving",
+    unit="s",
+    doc="Time to first token as a client measures it: the engine's (queue, batch slot, the prompt's steps) plus the request path around it (HTTP, chat template and tokenisation, the hand-off to the engine core, the first token's detokenising and streaming), a constant of the engine profile.",
+    args=("T_eng", "t_req"),
+    latex="T_{eng} + t_{req}",
+    fn=_served_ttft,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
 def _server_utilisation(E_S: Any, c_srv: Any, lambda_: Any) -> Any:
     return E_S*lambda_/c_srv
 
@@ -978,6 +1000,38 @@ mixed_tpot = Formula(
     args=("rho_p", "t_d"),
     latex="\\frac{t_{d}}{1 - \\rho_{p}}",
     fn=_mixed_tpot,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _closed_loop_stall_share(N_c: Any, X_c: Any, x_p: Any) -> Any:
+    return X_c*x_p*(N_c - 1)/N_c
+
+
+closed_loop_stall_share = Formula(
+    name="closed_loop_stall_share",
+    section="queueing and serving",
+    unit="1",
+    doc="Share of a decoding request's time spent on the other requests' prompts in a closed loop of N_c requests: prompts arrive at the completion rate X, each stalls the steps it rides in by x_p, and (N_c - 1) / N_c of them belong to other requests (a lone request is never stalled by its own prompt).",
+    args=("N_c", "X_c", "x_p"),
+    latex="\\frac{X x_{p} \\left(N_{c} - 1\\right)}{N_{c}}",
+    fn=_closed_loop_stall_share,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _closed_loop_throughput(N_c: Any, S_own: Any, TPOT: Any, n_out: Any, t_req: Any) -> Any:
+    return N_c/(S_own + TPOT*(n_out - 1) + t_req)
+
+
+closed_loop_throughput = Formula(
+    name="closed_loop_throughput",
+    section="queueing and serving",
+    unit="1/s",
+    doc="Completion rate of a closed loop with no think time (the response-time law): N_c requests each cycle through the request path, their first token and n_out - 1 inter-token gaps, and the client sends the next at once.",
+    args=("N_c", "S_own", "TPOT", "n_out", "t_req"),
+    latex="\\frac{N_{c}}{S_{own} + TPOT \\left(n_{out} - 1\\right) + t_{req}}",
+    fn=_closed_loop_throughput,
     symbol_table=SYMBOL_TABLE,
 )
 
@@ -1186,6 +1240,7 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     weights_bytes_per_gpu,
     kv_budget_bytes,
     max_batch,
+    served_ttft,
     server_utilisation,
     wait_probability,
     mean_queue_wait,
@@ -1197,6 +1252,8 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     prefill_step_batch,
     step_batch_variance,
     mixed_tpot,
+    closed_loop_stall_share,
+    closed_loop_throughput,
     littles_law_batch,
     tpot_stall_variance,
     tpot_batch_variance,

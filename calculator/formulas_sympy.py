@@ -425,7 +425,19 @@ Pw = _sym("P_w", "probability that an arrival waits", "1", "P_{w}")
 t_d = _sym("t_d", "decode step time", "s", "t_{d}")
 rho_p = _sym("rho_p", "fraction of time spent in prefill", "1", r"\rho_{p}")
 n_out = _sym("n_out", "output tokens per request", "tokens", "n_{out}")
+T_eng = _sym("T_eng", "time to first token inside the engine (queue, batch slot, the prompt's own steps)", "s",
+             "T_{eng}")
+t_req = _sym("t_req", "a served request's time outside the engine's steps before its first token reaches the client",
+             "s", "t_{req}")
 
+served_ttft = _formula(
+    "served_ttft",
+    T_eng + t_req,
+    "s",
+    "Time to first token as a client measures it: the engine's (queue, batch slot, the prompt's steps) plus the "
+    "request path around it (HTTP, chat template and tokenisation, the hand-off to the engine core, the first "
+    "token's detokenising and streaming), a constant of the engine profile.",
+)
 server_utilisation = _formula("server_utilisation", lam * ES / n_srv, "1", "rho = lambda E[S] / c.")
 wait_probability = _formula(
     "wait_probability",
@@ -505,6 +517,26 @@ mixed_tpot = _formula(
     "prefill_first, its step beyond a plain decode step with hybrid): each token waits out the stalls.",
 )
 tpot_sym = _sym("TPOT", "time per output token", "s")
+N_c = _sym("N_c", "requests a closed-loop client keeps in flight (its concurrency)", "requests", "N_{c}")
+X_c = _sym("X_c", "requests completed per second", "1/s", "X")
+x_p = _sym("x_p", "time one prompt adds to the step it rides in (beyond the plain decode step)", "s", "x_{p}")
+S_own = _sym("S_own", "the engine time from a prompt's arrival to its first token (its own step or steps)", "s",
+             "S_{own}")
+closed_loop_stall_share = _formula(
+    "closed_loop_stall_share",
+    X_c * x_p * (N_c - 1) / N_c,
+    "1",
+    "Share of a decoding request's time spent on the other requests' prompts in a closed loop of N_c requests: "
+    "prompts arrive at the completion rate X, each stalls the steps it rides in by x_p, and (N_c - 1) / N_c of "
+    "them belong to other requests (a lone request is never stalled by its own prompt).",
+)
+closed_loop_throughput = _formula(
+    "closed_loop_throughput",
+    N_c / (t_req + S_own + (n_out - 1) * tpot_sym),
+    "1/s",
+    "Completion rate of a closed loop with no think time (the response-time law): N_c requests each cycle through "
+    "the request path, their first token and n_out - 1 inter-token gaps, and the client sends the next at once.",
+)
 littles_law_batch = _formula(
     "littles_law_batch", lam * n_out * tpot_sym, "sequences",
     "Sequences decoding at once = arrival rate x output tokens x time per token (Little's law).",

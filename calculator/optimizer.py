@@ -29,7 +29,7 @@ from .errors import InputError
 from .kv_cache import kv_cache_bytes
 from .limits import MAX_CHUNK_BUDGETS, MAX_GPU_TYPES
 from .precision import KV_DTYPES, WEIGHT_DTYPES
-from .serving import analyse, check_context, chunked, in_steps, per_token
+from .serving import analyse, check_context, chunked, in_steps, per_token, served
 from .serving.base import (
     Deployment,
     Mode,
@@ -329,11 +329,12 @@ def _single_pool_candidates(m: ModelSpec, s: _Single, w: Workload, slo: SLO, mod
         budgets = np.array([r[1] for r in rows])
         whole = np.array([r[2] for r in rows])
         with np.errstate(all="ignore"):
-            grid = per_token(chunked.analyse_budgets(s.pm, w_steps, rates, slo.p, budgets, one.streams, whole, joint), e)
+            grid = served(per_token(chunked.analyse_budgets(s.pm, w_steps, rates, slo.p, budgets, one.streams, whole,
+                                                            joint), e), s.pm)
         caps = _largest_meeting(rates, grid.meets(slo), grid.margin(slo))
         points.extend(_grid_points(protos, rates, grid, slo, w))
-        groups.append((protos, caps, lambda r: per_token(
-            chunked.analyse_budgets(s.pm, w_steps, r, slo.p, budgets, one.streams, whole, joint), e)))
+        groups.append((protos, caps, lambda r: served(per_token(
+            chunked.analyse_budgets(s.pm, w_steps, r, slo.p, budgets, one.streams, whole, joint), e), s.pm)))
     if "mixed" in modes and scheduler != "hybrid":
         d = Deployment(mode="mixed", pool=one, scheduler=scheduler)
         grid = analyse(m, d, w, rates, slo.p, (s.pm,), joint)

@@ -260,7 +260,9 @@ def _roofline(name: str, flops, bytes_, peak, kernels, setup: Setup, share: floa
         eta_c = np.asarray(f.gemm_compute_efficiency(v, T=np.maximum(np.asarray(tokens, dtype=float), 1e-9)))
     eta_c, eta_m = eta_c * share, v["eta_m"] * share
     if blocks is not None and v["beta_blk"] > 0:
-        eta_m = np.asarray(f.decode_attention_memory_efficiency(v, eta_m=eta_m, n_blk=np.asarray(blocks, dtype=float)))
+        # at least one block: a step with no decodes (a lone prompt's step) reads no decode KV at all
+        n_blk = np.maximum(np.asarray(blocks, dtype=float), 1.0)
+        eta_m = np.asarray(f.decode_attention_memory_efficiency(v, eta_m=eta_m, n_blk=n_blk))
     tau_k = float(f.launch_latency(v)) if graph else v["tau_k"]
     t = np.asarray(f.roofline_time(v, F=flops, Q=bytes_, pi=peak, n_k=kernels, eta_c=eta_c, eta_m=eta_m, tau_k=tau_k),
                    dtype=float)

@@ -76,6 +76,12 @@ class Efficiency(_Record):
                                        "decode step pays (``launch_latency``): below 1 where the engine replays decode "
                                        "steps from CUDA graphs; 1: every kernel launched on its own")
     collective_latency_us: float = Field(default=8.0, ge=0, le=1e6, description="latency per collective (all-reduce, all-to-all), us")
+    request_overhead_us: float = Field(default=0.0, ge=0, le=1e7, description="time a served request spends outside "
+                                       "the engine's steps before its first token reaches the client (the HTTP "
+                                       "server, chat template and tokenisation, the hand-off to the engine core, "
+                                       "detokenising and streaming the first token), us: added to every TTFT "
+                                       "(``served_ttft``); 0 in the bundled GPU defaults, which model the engine's "
+                                       "steps only, and in profiles fitted on engine-only benchmarks")
     fitted_on: str | None = Field(default=None, description="which measurements the values were fitted to")
 
 

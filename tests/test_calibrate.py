@@ -12,6 +12,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -70,7 +71,8 @@ def test_the_fit_finds_the_constants_the_runs_were_made_with() -> None:
     e = fit.efficiency
     assert e.compute == pytest.approx(TRUE["compute"], rel=0.10)
     assert e.memory == pytest.approx(TRUE["memory"], rel=0.10)
-    assert e.step_overhead_us == pytest.approx(TRUE["step_overhead_us"], abs=150)
+    # the step overhead is ~5% of these 7-10 ms steps, the size of the runs' perturbation: found within half
+    assert e.step_overhead_us == pytest.approx(TRUE["step_overhead_us"], abs=200)
     # the runs were perturbed by at most 4%: the fit reproduces them about that well, and its held-out
     # half-and-half error stays small too
     assert fit.median_abs_error < 0.04 and fit.p90_abs_error < 0.08
@@ -85,14 +87,25 @@ def test_the_fitted_profile_round_trips_through_evaluate(tmp_path: Path) -> None
     path = tmp_path / "cal.yaml"
     save_calibration(path, fit.efficiency, device=fit.gpu)
     assert yaml.safe_load(path.read_text())["efficiency"]["compute"] == pytest.approx(fit.efficiency.compute)
+    closed, errors = 0, []
     for run in fit.runs:  # the YAML fed back reproduces each run as the fit reported it
         d = pc.Deployment(mode="mixed", pool=pc.Pool(gpu="h100-sxm", **(
             {"max_batch": run.max_concurrency} if run.max_concurrency else {})))
-        ev = pc.evaluate("llama-3.1-8b", d, pc.Workload(rate=run.throughput_rps, isl=run.isl_mean, osl=run.osl_mean),
-                         calibration=path)
-        assert ev.ttft_s(50) == pytest.approx(run.ttft_predicted_s, rel=1e-9)
-        assert abs(ev.ttft_s(50) / run.ttft_measured_s - 1) <= fit.p90_abs_error + 1e-9
-        assert ev.tpot_s(50) == pytest.approx(run.tpot_predicted_s, rel=1e-9)
+        if run.max_concurrency:  # a closed loop (request_rate "inf"): N requests in flight, its means
+            c = pc.closed_loop("llama-3.1-8b", d, run.isl_mean, run.osl_mean, run.max_concurrency, calibration=path)
+            ttft, tpot = c.ttft_s, c.tpot_s
+            closed += 1
+        else:
+            ev = pc.evaluate("llama-3.1-8b", d, pc.Workload(rate=run.throughput_rps, isl=run.isl_mean,
+                                                            osl=run.osl_mean), calibration=path)
+            ttft, tpot = ev.ttft_s(50), ev.tpot_s(50)
+        assert ttft == pytest.approx(run.ttft_predicted_s, rel=1e-9)
+        assert tpot == pytest.approx(run.tpot_predicted_s, rel=1e-9)
+        errors += [abs(ttft / run.ttft_measured_s - 1), abs(tpot / run.tpot_measured_s - 1)]
+    assert closed == 1
+    # within the error the fit reports: its median, and none beyond its largest
+    assert float(np.median(errors)) == pytest.approx(fit.median_abs_error, rel=1e-6)
+    assert max(errors) <= fit.max_abs_error + 1e-9 and fit.max_abs_error < 0.08
 
 
 def test_bad_calls_are_clear() -> None:
@@ -170,5 +183,8 @@ def test_runs_that_no_efficiency_can_serve_are_refused() -> None:
     h100 = pc.load_gpu("h100-sxm")
     tiny = h100.model_copy(update={"id": "tiny-gpu", "hbm_bandwidth_tb_s": 1e-4,
                                    "peak_tflops": h100.peak_tflops.model_copy(update={"bf16": 1e-3})})
-    with pytest.raises(InputError, match="cannot serve any run"):
-        calibrate("llama-3.1-8b", tiny, files=[VLLM])
+    with pytest.raises(InputError, match="cannot serve any run"):  # open-loop runs at their Poisson rates
+        calibrate("llama-3.1-8b", tiny, files=[SGLANG])
+    # a closed loop is served at whatever rate the engine manages, so it is fitted, and badly
+    fit = calibrate("llama-3.1-8b", tiny, files=[GENAI])
+    assert fit.unstable_runs == 0 and fit.median_abs_error > 10

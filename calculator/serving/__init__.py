@@ -15,17 +15,24 @@ import numpy as np
 from hardware_db.schema import GPUSpec, ModelSpec
 
 from .. import budget
+from .. import formulas as f
 from ..arguments import as_model, gpu_spec, items, model_spec
 from ..engines import DEFAULT_ENGINE, engine_gpu
 from ..errors import InputError, UnknownIdError
 from ..limits import MAX_GPU_TYPES
 from . import chunked, disaggregated, mixed
+from .closed import ClosedLoop
+from .closed import closed_loop as _closed_loop
 from .base import PERCENTILES, Deployment, Evaluation, ModeArrays, Pool, PoolModel, finite_or_none, rate_grid
 from .workload import SLO, Length, Workload
 
 ANALYSERS = {"mixed": mixed.analyse, "chunked": chunked.analyse, "disaggregated": disaggregated.analyse}
 
-__all__ = ["SLO", "Deployment", "Evaluation", "Length", "Pool", "Workload", "analyse", "evaluate"]
+__all__ = ["SLO", "ClosedLoop", "Deployment", "Evaluation", "Length", "Pool", "Workload", "analyse", "closed_loop",
+           "evaluate"]
+
+MAX_CONCURRENCY = 16_384
+"""Requests a closed loop may keep in flight (the largest batch cap a pool takes)."""
 
 
 def analyse(model: ModelSpec, d: Deployment, w: Workload, rates, p: float,
@@ -46,7 +53,19 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, rates, p: float,
             a = disaggregated.analyse(model, d, w, rates, p, pools, joint)  # type: ignore[arg-type]
         else:
             a = ANALYSERS[d.mode](model, d, w, rates, p, pools[0], joint)
-        return per_token(a, e)
+        return served(per_token(a, e), pools[0])
+
+
+def served(a: ModeArrays, entry: PoolModel) -> ModeArrays:
+    """A mode's arrays with TTFT as a client measures it (``served_ttft``): plus the request path of the
+    engine that takes the request (the pool it enters; its profile's ``request_overhead_us``, 0 unless an
+    engine profile or a calibration sets it)."""
+    t_req = entry.gpu.efficiency.request_overhead_us * 1e-6
+    if t_req == 0:
+        return a
+    def add(x):
+        return None if x is None else f.served_ttft(T_eng=x, t_req=t_req)
+    return replace(a, ttft_mean_s=add(a.ttft_mean_s), ttft_p_s=add(a.ttft_p_s), ttft_levels_s=add(a.ttft_levels_s))
 
 
 def per_token(a: ModeArrays, tokens_per_step: float) -> ModeArrays:
@@ -127,6 +146,31 @@ def evaluate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
         itl_by_percentile_s={pc: float(a.itl_p_s[0]) for pc, a in by_p.items()} if stable else {},
         engine=engine_used,
     )
+
+
+def closed_loop(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any], isl: float, osl: float,
+                concurrency: int, gpus: Sequence[GPUSpec | Mapping[str, Any]] | GPUSpec = (),
+                calibration: Any = None, engine: str = "generic") -> ClosedLoop:
+    """Mean TTFT, TPOT and throughput of one instance of a mixed (hybrid scheduler) or chunked ``deployment``
+    under a closed-loop benchmark of ``concurrency`` requests always in flight, each of ``isl`` prompt and
+    ``osl`` output tokens: what ``vllm bench serve --max-concurrency N`` measures (``serving.closed``).
+    ``gpus``, ``calibration`` and ``engine`` as for ``evaluate``."""
+    m = model_spec(model)
+    deployment = as_model("deployment", deployment, Deployment)
+    if deployment.mode == "disaggregated" or (deployment.mode == "mixed" and deployment.scheduler != "hybrid"):
+        raise InputError("deployment.mode", "a closed loop is modelled for one instance that puts running decodes "
+                                            "and new prompts in one step: mode mixed with the hybrid scheduler, or "
+                                            "chunked")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise InputError("concurrency", f"must be a whole number of requests in 1 ... {MAX_CONCURRENCY}, "
+                                        f"got {concurrency!r}")
+    workload = as_model("workload", {"rate": 1.0, "isl": isl, "osl": osl}, Workload)
+    check_context(m, workload)
+    pm = _pool_models(m, deployment, workload, gpus, calibration, engine)[0]
+    if not pm.fits:
+        raise InputError("deployment.pool", pm.reason or "does not fit")
+    budget_tokens = deployment.chunk_tokens if deployment.mode == "chunked" else deployment.max_batched_tokens
+    return _closed_loop(pm, workload.isl.mean, workload.osl.mean, concurrency, int(budget_tokens))
 
 
 def _pool_models(m: ModelSpec, d: Deployment, w: Workload,
