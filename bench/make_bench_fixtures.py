@@ -1,7 +1,8 @@
 """Write the benchmark-result fixtures of ``tests/fixtures/bench_results/`` (run from the repository root).
 
 Each file is in the format its tool writes (field names and layout from vLLM's ``vllm bench serve
---save-result``, SGLang's ``bench_serving --output-file`` and genai-perf's profile export), holding
+--save-result``, SGLang's ``bench_serving --output-file``, genai-perf's profile export and trtllm-bench's
+``--report_json``), holding
 synthetic runs: Llama-3.1-8B in bf16 on one H100 SXM, latencies predicted by pdplan's own serving
 model at a known efficiency (``TRUE`` below), each multiplied by a fixed factor within ±4% so that
 the fit has something to average. ``tests/test_calibrate.py`` checks that ``pdplan calibrate``
@@ -114,11 +115,48 @@ def genai_perf_run() -> dict:
     }
 
 
+def trtllm_bench_report() -> dict:
+    """``trtllm-bench throughput --streaming --concurrency 4 --report_json``: the layout of TensorRT-LLM 1.x's
+    ``ReportUtility.get_statistics_dict`` (``tensorrt_llm/bench/dataclasses/reporting.py``), one run."""
+    isl, osl, conc, n = 2048, 128, 4, 64
+    rate, times = predict_closed(isl, osl, conc)
+    t50, tmean, p50, pmean = (x * NOISE[5] for x in times)
+    latency = tmean + (osl - 1) * pmean
+
+    def pct(avg: float, p50_: float) -> dict:
+        return {"p50": p50_, "p90": avg * 1.05, "p95": avg * 1.07, "p99": avg * 1.1, "minimum": avg * 0.9,
+                "maximum": avg * 1.12, "average": avg}
+
+    return {
+        "engine": {"model": "meta-llama/Llama-3.1-8B-Instruct", "model_path": "None", "engine_dir": "None",
+                   "version": "1.2.0", "backend": "Pytorch", "dtype": "bfloat16", "kv_cache_dtype": "None",
+                   "quantization": "None"},
+        "machine": {"name": "NVIDIA H100 80GB HBM3", "memory.total": 79.1, "clocks.mem": 2.619},
+        "world_info": {"tp_size": 1, "pp_size": 1, "ep_size": 1, "world_size": 1, "max_batch_size": 256,
+                       "max_num_tokens": 8192, "scheduling_policy": "GUARANTEED_NO_EVICT",
+                       "kv_cache_percentage": 0.9, "issue_rate": 1e17},
+        "request_info": {"num_requests": n, "avg_num_concurrent_requests": conc * 0.998,
+                         "avg_input_length": float(isl), "avg_output_length": float(osl)},
+        "performance": {"total_latency_ms": n / rate * 1e3, "avg_request_latency_ms": latency,
+                        "request_throughput_req_s": rate, "system_output_throughput_tok_s": rate * osl,
+                        "system_total_throughput_tok_s": rate * (isl + osl),
+                        "output_throughput_per_user_tok_s": osl / latency * 1e3,
+                        "output_throughput_per_gpu_tok_s": rate * osl,
+                        "request_latency_percentiles_ms": pct(latency, latency)},
+        "streaming_metrics": {"token_output_speed_tok_s": 1e3 / pmean, "avg_ttft_ms": tmean, "avg_tpot_ms": pmean,
+                              "tpot_percentiles": pct(pmean, p50), "ttft_percentiles": pct(tmean, t50),
+                              "gen_tps_percentiles": pct(1e3 / pmean, 1e3 / p50)},
+        "dataset": {"isl_stats": pct(isl, isl), "osl_stats": pct(osl, osl), "max_isl": isl, "max_osl": osl,
+                    "avg_isl": isl, "avg_osl": osl, "num_requests": n},
+    }
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "vllm_bench_serve.jsonl").write_text("".join(json.dumps(r) + "\n" for r in vllm_runs()), encoding="utf-8")
     (OUT / "sglang_bench_serving.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sglang_runs()), encoding="utf-8")
     (OUT / "profile_export_genai_perf.json").write_text(json.dumps(genai_perf_run(), indent=2) + "\n", encoding="utf-8")
+    (OUT / "trtllm_bench_report.json").write_text(json.dumps(trtllm_bench_report(), indent=4) + "\n", encoding="utf-8")
     print(f"wrote {OUT}/")
 
 

@@ -14,6 +14,14 @@ Formats, detected per record (a JSON file holds one record, a JSONL file one per
   ...}`` mappings: ``time_to_first_token``, ``inter_token_latency``, ``request_throughput``,
   ``input_sequence_length``, ``output_sequence_length`` (at the top level or under
   ``llm_metrics``); the load (``concurrency`` or ``request_rate``) from ``input_config`` when present.
+- **TensorRT-LLM** ``trtllm-bench throughput --streaming --report_json`` (or ``latency --report_json``): one
+  object with ``engine``, ``world_info``, ``request_info`` (``num_requests``, ``avg_num_concurrent_requests``,
+  ``avg_input_length``, ``avg_output_length``), ``performance`` (``request_throughput_req_s``) and
+  ``streaming_metrics`` (``avg_ttft_ms``, ``ttft_percentiles``, ``avg_tpot_ms``, ``tpot_percentiles``, each
+  percentile mapping with ``p50``). The report does not keep the ``--concurrency`` it ran at, only the
+  measured mean of requests in flight, so the run is taken as a closed loop of that many (rounded); it runs
+  in-process, with no HTTP server in front (its TTFT has no request path). Layout from TensorRT-LLM's
+  ``tensorrt_llm/bench/dataclasses/reporting.py`` (1.x).
 
 Every number is checked (finite, positive where it must be); an error names the file, the line and
 the field. Nothing is loaded half-way: one bad record fails the whole read.
@@ -38,7 +46,7 @@ MAX_BENCH_FILE_BYTES = 16 * 2**20
 MAX_BENCH_POINTS = 64
 """Benchmark runs one calibration may take (each is one serving-model evaluation per fit iteration)."""
 
-Tool = Literal["vllm", "sglang", "genai-perf"]
+Tool = Literal["vllm", "sglang", "genai-perf", "trtllm-bench"]
 
 
 class BenchPoint(BaseModel):
@@ -94,6 +102,8 @@ def parse_benchmark_text(text: str, name: str) -> list[BenchPoint]:
 
 def detect(rec: Mapping[str, Any]) -> Tool | None:
     """Which tool wrote a record, from the keys each one always writes."""
+    if all(isinstance(rec.get(k), Mapping) for k in ("world_info", "request_info", "performance")):
+        return "trtllm-bench"
     metrics = rec.get("llm_metrics") if isinstance(rec.get("llm_metrics"), Mapping) else rec
     if isinstance(metrics.get("time_to_first_token"), Mapping) and isinstance(metrics.get("request_throughput"), Mapping):
         return "genai-perf"
@@ -109,11 +119,14 @@ def _record(rec: object, where: str) -> BenchPoint:
         raise InputError("files", f"{where}: a benchmark record is a JSON object, got {type(rec).__name__}")
     tool = detect(rec)
     if tool is None:
-        raise InputError("files", f"{where}: not a result of vLLM's bench serve, SGLang's bench_serving or "
-                                  "genai-perf/AIPerf (no median_ttft_ms + request_throughput, nor a "
-                                  "time_to_first_token statistics mapping)")
+        raise InputError("files", f"{where}: not a result of vLLM's bench serve, SGLang's bench_serving, "
+                                  "genai-perf/AIPerf or trtllm-bench (no median_ttft_ms + request_throughput, "
+                                  "no time_to_first_token statistics mapping, no world_info + request_info + "
+                                  "performance)")
     if tool == "genai-perf":
         return _genai_perf(rec, where)
+    if tool == "trtllm-bench":
+        return _trtllm_bench(rec, where)
     return _vllm_like(rec, where, tool)
 
 
@@ -226,6 +239,39 @@ def _genai_perf(rec: Mapping[str, Any], where: str) -> BenchPoint:
         ttft_mean_s=_seconds(metrics, "time_to_first_token", "avg", where),
         # genai-perf's inter_token_latency is per request (its mean gap): pdplan's TPOT
         tpot_p50_s=itl_p50, tpot_mean_s=itl_mean, itl_p50_s=None,
+    )
+
+
+def _trtllm_bench(rec: Mapping[str, Any], where: str) -> BenchPoint:
+    info, perf = rec["request_info"], rec["performance"]
+    stream = rec.get("streaming_metrics")
+    if not isinstance(stream, Mapping):
+        raise InputError("files", f"{where}: field 'streaming_metrics' is missing: trtllm-bench writes TTFT and "
+                                  "TPOT only for a streamed run (throughput --streaming, or latency)")
+    n = _num(info, "num_requests", f"{where}: request_info")
+    in_flight = _num(info, "avg_num_concurrent_requests", f"{where}: request_info")
+    isl = _num(info, "avg_input_length", f"{where}: request_info")
+    osl = _num(info, "avg_output_length", f"{where}: request_info")
+    thr = _num(perf, "request_throughput_req_s", f"{where}: performance")
+    assert n is not None and in_flight is not None and isl is not None and osl is not None and thr is not None
+
+    def pct(name: str) -> float | None:
+        m = stream.get(name)
+        if m is None:
+            return None
+        if not isinstance(m, Mapping):
+            raise InputError("files", f"{where}: field 'streaming_metrics.{name}' must be a percentile mapping")
+        v = _num(m, "p50", f"{where}: streaming_metrics.{name}", positive=False, required=False)
+        return None if v is None else v / 1e3
+
+    ttft = pct("ttft_percentiles")
+    if ttft is None:
+        raise InputError("files", f"{where}: field 'streaming_metrics.ttft_percentiles.p50' is missing")
+    return BenchPoint(
+        source=where, tool="trtllm-bench", request_rate_rps=None, max_concurrency=max(1, round(in_flight)),
+        completed=int(n), throughput_rps=thr, isl_mean=isl, osl_mean=osl, ttft_p50_s=ttft,
+        ttft_mean_s=_ms(stream, "avg_ttft_ms", f"{where}: streaming_metrics"), tpot_p50_s=pct("tpot_percentiles"),
+        tpot_mean_s=_ms(stream, "avg_tpot_ms", f"{where}: streaming_metrics"), itl_p50_s=None,
     )
 
 

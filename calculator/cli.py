@@ -459,8 +459,8 @@ def models(as_json: JsonOpt = False) -> None:
 
 @app.command()
 def engines(
-    engine: Annotated[str | None, typer.Argument(help="one profile: its values and its error against the public "
-                                                      "step latencies")] = None,
+    engine: Annotated[str | None, typer.Argument(help="one profile: its values and its error against public "
+                                                      "step latencies and serving benchmarks")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Engine profiles (--engine on estimate, evaluate, plan): what each was fitted on, and how far off it is."""
@@ -476,14 +476,14 @@ def engines(
             Column("GPUs fitted", drop=1, left=True, text=True, wrap=True),
             Column("description", drop=3, left=True, text=True, wrap=True),
         ], [[e.id, e.engine, e.version or "—", ", ".join(e.gpus) or "—", e.description] for e in rows])
-        out.print("pdplan engines ID shows a profile's values and its error against the measured step latencies.")
+        out.print("pdplan engines ID shows a profile's values and its error against public measurements.")
         return
     from hardware_db import load_engine
 
-    from .engines import profile_errors
+    from .engines import engine_errors
 
     profile = load_engine(engine)
-    errors = profile_errors(profile.id, by=("gpu", "tp"))
+    errors = engine_errors(profile.id)
     if as_json:
         _print_json({"profile": profile, "errors": errors})
         return
@@ -492,7 +492,9 @@ def engines(
               *((gpu, ", ".join(f"{k} {v:g}" for k, v in fields.items())) for gpu, fields in profile.gpus.items()),
               *(("source", src) for src in profile.sources)]
     out.print(pairs_table(profile.id, values))
-    out.table("|predicted / measured - 1| of the step times (hardware_db/data/step_latencies.csv)", [
+    out.table("|predicted / measured - 1|: engine step times (hardware_db/data/step_latencies.csv) and served "
+              "TTFT (prefill) and TPOT (decode) of public serving benchmarks (source served: "
+              "hardware_db/data/serving_latencies.csv)", [
         Column("source", left=True), Column("phase", left=True), Column("subset", left=True), Column("n"),
         Column("median"), Column("p90"), Column("bias", drop=1),
     ], [[e.source, e.phase, e.subset, str(e.points), f"{e.median_abs_error:.1%}", f"{e.p90_abs_error:.1%}",
@@ -1279,7 +1281,7 @@ def trace(
 def calibrate(
     files: Annotated[list[Path], typer.Argument(help="benchmark result files: vLLM bench serve (--save-result) JSON or "
                                                      "JSONL, SGLang bench_serving JSONL, genai-perf/AIPerf profile "
-                                                     "export JSON")],
+                                                     "export JSON, trtllm-bench --report_json JSON")],
     model: Annotated[str, typer.Option(help="the model the benchmarks served: id, alias or config.json path")],
     gpu: Annotated[str, typer.Option(help="the GPU they ran on (pdplan gpus)")],
     tp: Annotated[int, typer.Option(help="tensor-parallel degree of the one instance benchmarked")] = 1,

@@ -445,7 +445,7 @@ class BenchFile(_Request):
 
     name: str = Field(min_length=1, max_length=200, description="the file's name (error messages cite it)")
     content: str = Field(min_length=1, max_length=MAX_BENCH_FILE_BYTES, description="its text: vLLM bench serve JSON/JSONL, "
-                         "SGLang bench_serving JSONL or a genai-perf/AIPerf profile export")
+                         "SGLang bench_serving JSONL, a genai-perf/AIPerf profile export or a trtllm-bench report")
 
 
 class CalibrateRequest(_Request):

@@ -1,4 +1,4 @@
-"""``pdplan calibrate``: benchmark result files of vLLM, SGLang and genai-perf, read and fitted.
+"""``pdplan calibrate``: benchmark result files of vLLM, SGLang, genai-perf and trtllm-bench, read and fitted.
 
 The fixtures (``tests/fixtures/bench_results``, written by ``bench/make_bench_fixtures.py``) are in
 each tool's format and hold synthetic runs of Llama-3.1-8B on one H100 whose latencies pdplan's own
@@ -23,6 +23,7 @@ from calculator.errors import InputError
 
 FIX = Path(__file__).parent / "fixtures" / "bench_results"
 VLLM, SGLANG, GENAI = FIX / "vllm_bench_serve.jsonl", FIX / "sglang_bench_serving.jsonl", FIX / "profile_export_genai_perf.json"
+TRTLLM = FIX / "trtllm_bench_report.json"
 TRUE = {"compute": 0.70, "memory": 0.85, "step_overhead_us": 400.0}
 
 
@@ -41,6 +42,14 @@ def test_each_format_is_detected_and_read_with_its_load() -> None:
     assert g[0].tool == "genai-perf" and g[0].max_concurrency == 8 and g[0].isl_mean == 512
     raw = json.loads(GENAI.read_text())
     assert g[0].tpot_p50_s == pytest.approx(raw["inter_token_latency"]["p50"] / 1e3)  # genai-perf's ITL is per request
+    t = read_benchmark_files([TRTLLM])
+    rep = json.loads(TRTLLM.read_text())
+    # the report keeps the measured requests in flight (3.992), not the --concurrency: a closed loop of 4
+    assert t[0].tool == "trtllm-bench" and t[0].max_concurrency == 4 and t[0].request_rate_rps is None
+    assert t[0].isl_mean == 2048 and t[0].completed == 64
+    assert t[0].ttft_p50_s == pytest.approx(rep["streaming_metrics"]["ttft_percentiles"]["p50"] / 1e3)
+    assert t[0].tpot_mean_s == pytest.approx(rep["streaming_metrics"]["avg_tpot_ms"] / 1e3)
+    assert t[0].throughput_rps == rep["performance"]["request_throughput_req_s"]
 
 
 def test_a_bad_record_names_the_file_line_and_field(tmp_path: Path) -> None:
@@ -64,10 +73,17 @@ def test_a_bad_record_names_the_file_line_and_field(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="empty"):
         parse_benchmark_text("  \n", "x.json")
     assert detect({"time_to_first_token": {"unit": "ms"}, "request_throughput": {"avg": 1}}) == "genai-perf"
+    unstreamed = {k: v for k, v in json.loads(TRTLLM.read_text()).items() if k != "streaming_metrics"}
+    with pytest.raises(InputError, match="streaming_metrics.*--streaming"):
+        parse_benchmark_text(json.dumps(unstreamed), "report.json")
+    broken = json.loads(TRTLLM.read_text())
+    broken["request_info"]["avg_input_length"] = -1
+    with pytest.raises(InputError, match="report.json: request_info: field 'avg_input_length' must be positive"):
+        parse_benchmark_text(json.dumps(broken), "report.json")
 
 
 def test_the_fit_finds_the_constants_the_runs_were_made_with() -> None:
-    fit = calibrate("llama-3.1-8b", "h100-sxm", files=[VLLM, SGLANG, GENAI])
+    fit = calibrate("llama-3.1-8b", "h100-sxm", files=[VLLM, SGLANG, GENAI, TRTLLM])
     e = fit.efficiency
     assert e.compute == pytest.approx(TRUE["compute"], rel=0.10)
     assert e.memory == pytest.approx(TRUE["memory"], rel=0.10)
@@ -77,13 +93,16 @@ def test_the_fit_finds_the_constants_the_runs_were_made_with() -> None:
     # half-and-half error stays small too
     assert fit.median_abs_error < 0.04 and fit.p90_abs_error < 0.08
     assert fit.held_out_median_abs_error is not None and fit.held_out_median_abs_error < 0.08
-    assert len(fit.runs) == 8 and "8 serving benchmark runs" in (e.fitted_on or "")
+    assert len(fit.runs) == 9 and "9 serving benchmark runs" in (e.fitted_on or "")
 
 
-def test_the_fitted_profile_round_trips_through_evaluate(tmp_path: Path) -> None:
+@pytest.mark.parametrize("results", [VLLM, SGLANG, GENAI, TRTLLM], ids=lambda p: p.name)
+def test_the_fitted_profile_round_trips_through_evaluate(tmp_path: Path, results: Path) -> None:
+    """The acceptance of each format: calibrate the file, save the YAML, feed it back; every run is reproduced
+    as the fit reported it, within the fit's error."""
     from calculator.calibration import save_calibration
 
-    fit = calibrate("llama-3.1-8b", "h100-sxm", files=[VLLM])
+    fit = calibrate("llama-3.1-8b", "h100-sxm", files=[results])
     path = tmp_path / "cal.yaml"
     save_calibration(path, fit.efficiency, device=fit.gpu)
     assert yaml.safe_load(path.read_text())["efficiency"]["compute"] == pytest.approx(fit.efficiency.compute)
@@ -102,7 +121,7 @@ def test_the_fitted_profile_round_trips_through_evaluate(tmp_path: Path) -> None
         assert ttft == pytest.approx(run.ttft_predicted_s, rel=1e-9)
         assert tpot == pytest.approx(run.tpot_predicted_s, rel=1e-9)
         errors += [abs(ttft / run.ttft_measured_s - 1), abs(tpot / run.tpot_measured_s - 1)]
-    assert closed == 1
+    assert closed == sum(p.max_concurrency is not None for p in read_benchmark_files([results]))
     # within the error the fit reports: its median, and none beyond its largest
     assert float(np.median(errors)) == pytest.approx(fit.median_abs_error, rel=1e-6)
     assert max(errors) <= fit.max_abs_error + 1e-9 and fit.max_abs_error < 0.08

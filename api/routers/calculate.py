@@ -73,7 +73,7 @@ async def trace(request: Request) -> Response:
 
 
 @router.post("/calibrate", response_model=s.CalibrateResponse, openapi_extra=body_openapi(s.CalibrateRequest),
-             summary="Fit a GPU's efficiencies to your own serving benchmarks (vLLM, SGLang, genai-perf results)")
+             summary="Fit a GPU's efficiencies to your own serving benchmarks (vLLM, SGLang, genai-perf, trtllm-bench results)")
 async def calibrate(request: Request) -> Response:
     return _json(await _heavy(request, s.CalibrateRequest, s.run_calibrate))
 
