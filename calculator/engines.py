@@ -127,7 +127,7 @@ class PhaseError(BaseModel):
 
 
 def _summary(engine: str, source: str, phase: str, subset: str, err: np.ndarray) -> PhaseError | None:
-    err = err[np.isfinite(err)]
+    err = err[~np.isnan(err)]  # NaN: nothing to compare (a refused layout, no measurement); inf: a miss
     if not len(err):
         return None
     a = np.sort(np.abs(err))
@@ -159,3 +159,146 @@ def profile_errors(engine: str = DEFAULT_ENGINE, by: tuple[str, ...] = ()) -> li
                 if s is not None:
                     out.append(s)
     return out
+
+
+# --- served measurements: a benchmark client against an engine's HTTP server ---------------------------
+SERVING_LATENCY_FILE = DATA_DIR / "serving_latencies.csv"
+
+
+class ServedRun(BaseModel):
+    """One published serving benchmark run: a client streaming requests to an engine's OpenAI-compatible server,
+    closed loop (``concurrency`` requests in flight) or open loop (Poisson at ``request_rate``); TTFT as the client
+    saw it (the request path included) and TPOT (a request's mean inter-token time), milliseconds, each the
+    ``*_stat`` ("mean" or "median") over the run's requests."""
+
+    model_config = ConfigDict(frozen=True)
+
+    source: str
+    engine: Literal["vllm", "sglang", "trtllm"]
+    engine_version: str
+    gpu: str
+    model: str
+    weight_dtype: Literal["bf16", "fp16", "fp8", "fp4"]
+    kv_dtype: Literal["bf16", "fp16", "fp8"]
+    tp: int
+    concurrency: int | None
+    request_rate: float | None
+    throughput_rps: float | None
+    isl: float
+    osl: float
+    ttft_ms: float
+    ttft_stat: Literal["mean", "median"]
+    tpot_ms: float | None
+    tpot_stat: Literal["mean", "median"]
+    notes: str | None = None
+
+
+def _optional(row: dict[str, str]) -> dict[str, str | None]:
+    return {k: (None if v == "" else v) for k, v in row.items()}
+
+
+def load_served_runs(engine: str | None = None, source: str | None = None) -> list[ServedRun]:
+    """The bundled serving benchmark runs (optionally one engine's, one source's)."""
+    text = SERVING_LATENCY_FILE.read_text(encoding="utf-8")
+    body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    runs = [ServedRun.model_validate(_optional(row)) for row in csv.DictReader(io.StringIO(body))]
+    return [r for r in runs if (engine is None or r.engine == engine) and (source is None or r.source == source)]
+
+
+@dataclass(frozen=True)
+class PredictedServing:
+    """pdplan's TTFT and TPOT (the statistic each run reports) for each served run, seconds; NaN where the
+    serving model calls the run's load unstable or the layout is refused."""
+
+    runs: tuple[ServedRun, ...]
+    ttft_s: np.ndarray
+    tpot_s: np.ndarray
+
+
+def served_rate_rps(r: ServedRun) -> float:
+    """The arrival rate a run offered: its Poisson rate (open loop), else the throughput it reached, else (a
+    closed loop that did not print it) Little's law over its own latencies, concurrency / (TTFT + (osl - 1) TPOT)."""
+    if r.request_rate is not None:
+        return r.request_rate
+    if r.throughput_rps is not None:
+        return r.throughput_rps
+    assert r.concurrency is not None and r.tpot_ms is not None
+    return r.concurrency / ((r.ttft_ms + (r.osl - 1) * r.tpot_ms) / 1e3)
+
+
+def predict_served_runs(runs: list[ServedRun], engine: str | EngineProfile = DEFAULT_ENGINE,
+                        max_batched_tokens: int = 8192) -> PredictedServing:
+    """pdplan's serving model (``evaluate``'s computation) for each run: one instance of ``tp`` GPUs under the
+    hybrid scheduler (running decodes and new prompts in one step, ``max_batched_tokens`` a step: vLLM V1's and
+    SGLang's default on these GPUs) and the run's mean lengths: an open loop at its Poisson rate, a closed loop
+    of ``concurrency`` requests by ``serving.closed.closed_loop``."""
+    from .serving import Deployment, Pool, PoolModel, Workload, analyse
+    from .serving.closed import closed_loop
+
+    ttft = np.full(len(runs), np.nan)
+    tpot = np.full(len(runs), np.nan)
+    gpus: dict[str, GPUSpec] = {}
+    for i, r in enumerate(runs):
+        gpu = gpus.setdefault(r.gpu, apply_engine(load_gpu(r.gpu), engine))
+        model = load_model(r.model)
+        pool = Pool(gpu=r.gpu, tp=r.tp, weight_dtype=r.weight_dtype, kv_dtype=r.kv_dtype,
+                    **({"max_batch": r.concurrency} if r.concurrency else {}))
+        d = Deployment(mode="mixed", scheduler="hybrid", pool=pool, max_batched_tokens=max_batched_tokens)
+        rate = served_rate_rps(r)
+        w = Workload(rate=rate, isl=r.isl, osl=r.osl)
+        pm = PoolModel.build(model, pool, w, gpu)
+        if not pm.fits:
+            continue
+        if r.request_rate is None and r.concurrency is not None:  # a closed loop (means: its lengths are fixed)
+            c = closed_loop(pm, r.isl, r.osl, r.concurrency, max_batched_tokens)
+            ttft[i], tpot[i] = c.ttft_s, c.tpot_s
+            continue
+        p = 0.5
+        a = analyse(model, d, w, np.array([rate]), p, (pm,))
+        if not bool(a.stable[0]):
+            continue
+        ttft[i] = float((a.ttft_mean_s if r.ttft_stat == "mean" else a.ttft_p_s)[0])
+        tpot[i] = float((a.tpot_mean_s if r.tpot_stat == "mean" else a.tpot_p_s)[0])
+    return PredictedServing(tuple(runs), ttft, tpot)
+
+
+def served_fitted(profile: EngineProfile, run: ServedRun) -> bool:
+    """Whether the profile was fitted on this run (its source fitted, and a dense model where only those were)."""
+    return run.source in profile.fitted_sources and (
+        profile.fitted_models == "all" or load_model(run.model).moe is None)
+
+
+def served_errors(engine: str | EngineProfile, runs: list[ServedRun] | None = None,
+                  by: tuple[str, ...] = ("source",)) -> list[PhaseError]:
+    """A profile's error on served runs (by default the runs of its own engine; every run for ``generic``):
+    over all of them, the fitted and the held-out ones, and per value of each attribute in ``by``. TTFT is
+    reported as phase "prefill", TPOT as "decode"; a run pdplan cannot serve is an infinite error."""
+    profile = engine if isinstance(engine, EngineProfile) else load_engine(engine)
+    if runs is None:
+        runs = [r for r in load_served_runs() if profile.engine in ("generic", r.engine)]
+    pred = predict_served_runs(runs, profile)
+    fitted = np.array([served_fitted(profile, r) for r in runs], dtype=bool)
+    measured_ttft = np.array([r.ttft_ms for r in runs]) / 1e3
+    measured_tpot = np.array([np.nan if r.tpot_ms is None else r.tpot_ms for r in runs]) / 1e3
+    unstable = np.isnan(pred.ttft_s)  # the engine served it; pdplan's layout does not fit, or its load is unstable
+    out: list[PhaseError] = []
+    for phase, predicted, measured in (("prefill", pred.ttft_s, measured_ttft), ("decode", pred.tpot_s, measured_tpot)):
+        err_all = np.where(unstable & np.isfinite(measured), np.inf, predicted / measured - 1)
+        subsets = [("all", np.ones(len(runs), dtype=bool)), ("fitted", fitted), ("held out", ~fitted)]
+        for attr in by:
+            for value in sorted({getattr(r, attr) for r in runs}):
+                subsets.append((f"{attr}={value}", np.array([getattr(r, attr) == value for r in runs])))
+        for subset, m in subsets:
+            s = _summary(profile.id, "served", phase, subset, err_all[m])
+            if s is not None:
+                out.append(s)
+    return out
+
+
+def engine_errors(engine: str = DEFAULT_ENGINE) -> list[PhaseError]:
+    """Every error a profile is reported with: on the engine step latencies (a TensorRT-LLM profile and
+    ``generic``, whose GPU defaults were fitted to TensorRT-LLM), per GPU and tp, and on the served runs of its
+    engine (``served_errors``), fitted, held out and per source."""
+    profile = load_engine(engine)
+    steps = profile_errors(profile.id, by=("gpu", "tp")) if profile.engine in ("trtllm", "generic") else []
+    return steps + served_errors(profile, by=("source",))

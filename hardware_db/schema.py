@@ -315,6 +315,12 @@ class EngineProfile(_Record):
     shared: dict[str, float] = Field(default_factory=dict, description="Efficiency fields for every GPU")
     gpus: dict[str, dict[str, float]] = Field(default_factory=dict, description="GPU id -> Efficiency fields")
     fitted_on: str = Field(default="", max_length=2000, description="the measurements and fit the values come from")
+    fitted_sources: tuple[str, ...] = Field(default=(), description="the ``source`` values (step_latencies.csv, "
+                                            "serving_latencies.csv) whose rows it was fitted on; every other "
+                                            "source is held out")
+    fitted_models: Literal["all", "dense"] = Field(default="all", description="dense: only the fitted sources' "
+                                                   "runs of dense models were fitted (its mixture-of-experts runs "
+                                                   "are held out)")
     sources: tuple[str, ...] = ()
 
     @model_validator(mode="after")

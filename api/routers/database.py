@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 from pydantic import BaseModel, Field
 
-from calculator.engines import PhaseError, profile_errors
+from calculator.engines import PhaseError, engine_errors
 from calculator.service import ModelInfo, engine_catalog, gpu_catalog, model_catalog, model_info
 from hardware_db.loader import load_engine, load_gpu, load_model
 from hardware_db.schema import EngineProfile, GPUSpec
@@ -46,11 +46,13 @@ async def engines() -> list[EngineProfile]:
 class EngineProfileErrors(BaseModel):
     profile: EngineProfile
     errors: list[PhaseError] = Field(description="|predicted / measured - 1| of prefill and decode step times per "
-                                     "published source (the one fitted and the ones held out), per GPU and tp")
+                                     "published source (the one fitted and the ones held out), per GPU and tp; "
+                                     "source \"served\": the TTFT (phase prefill) and TPOT (decode) of public "
+                                     "serving benchmarks of the profile's engine, fitted, held out and per source")
 
 
 @router.get("/engines/{engine_id}", response_model=EngineProfileErrors, responses=ERROR_RESPONSES,
-            summary="One engine profile and its error against the public step latencies")
+            summary="One engine profile and its error against public step latencies and serving benchmarks")
 def engine(engine_id: Annotated[str, Path(max_length=64, examples=["trtllm-0.9"])]) -> EngineProfileErrors:
     profile = load_engine(engine_id)
-    return EngineProfileErrors(profile=profile, errors=profile_errors(profile.id, by=("gpu", "tp")))
+    return EngineProfileErrors(profile=profile, errors=engine_errors(profile.id))
