@@ -115,6 +115,10 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "theta_w": ("\\theta_{w}", "Weibull scale of a positive wait: its mean / Gamma(1 + 1/k)", "s"),
     "N_a": ("N_{a}", "mean arrivals during one step", "requests"),
     "m": ("m", "prompts that arrive per prompt's share of a step (lambda tau)", "1"),
+    "e_1": ("e_{1}", "mean of the prefill step in progress at an arrival (length-biased: E[T^2] / E[T])", "s"),
+    "e_2": ("e_{2}", "second moment of the prefill step in progress at an arrival (E[T^3] / E[T])", "s^2"),
+    "tau_p": ("\\tau_{p}", "prefill step time per mean prompt it holds (slope of T(b) = T_0 + tau b)", "s"),
+    "cv2_isl": ("c_{\\ell}^2", "squared coefficient of variation of the prompt length", "1"),
     "TPOT": ("TPOT", "time per output token", "s"),
     "N_c": ("N_{c}", "requests a closed-loop client keeps in flight (its concurrency)", "requests"),
     "X_c": ("X", "requests completed per second", "1/s"),
@@ -988,6 +992,38 @@ step_batch_variance = Formula(
 )
 
 
+def _bulk_wait_mean(c_srv: Any, e_1: Any, m: Any) -> Any:
+    return e_1*(m + 1/2)/c_srv
+
+
+bulk_wait_mean = Formula(
+    name="bulk_wait_mean",
+    section="queueing and serving",
+    unit="s",
+    doc="Mean of U t + tau S over c servers for an arrival that finds every prefill instance busy: the rest U t of the step in progress t (U uniform) and what the prompts S that arrived during it add to its own step (Poisson, lambda t prompts, m = lambda tau).",
+    args=("c_srv", "e_1", "m"),
+    latex="\\frac{e_{1} \\left(m + \\frac{1}{2}\\right)}{c}",
+    fn=_bulk_wait_mean,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _bulk_wait_variance(c_srv: Any, cv2_isl: Any, e_1: Any, e_2: Any, m: Any, tau_p: Any) -> Any:
+    return (tau_p*e_1*m*(cv2_isl + 1) - e_1**2*(m + 1/2)**2 + e_2*m**2 + e_2*m + (1/3)*e_2)/c_srv**2
+
+
+bulk_wait_variance = Formula(
+    name="bulk_wait_variance",
+    section="queueing and serving",
+    unit="s^2",
+    doc="Variance of U t + tau S over c servers (bulk_wait_mean): E[(Ut)^2] = e_2/3, S given t compound Poisson (variance tau m t (1 + cv^2), m the mean prompts per prompt's share of a step), Cov(Ut, tau S) = m Var(t) / 2.",
+    args=("c_srv", "cv2_isl", "e_1", "e_2", "m", "tau_p"),
+    latex="\\frac{\\tau_{p} e_{1} m \\left(c_{\\ell}^2 + 1\\right) - e_{1}^{2} \\left(m + \\frac{1}{2}\\right)^{2} + e_{2} m^{2} + e_{2} m + \\frac{e_{2}}{3}}{c^{2}}",
+    fn=_bulk_wait_variance,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
 def _mixed_tpot(rho_p: Any, t_d: Any) -> Any:
     return t_d/(1 - rho_p)
 
@@ -1251,6 +1287,8 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     weibull_tail_quantile,
     prefill_step_batch,
     step_batch_variance,
+    bulk_wait_mean,
+    bulk_wait_variance,
     mixed_tpot,
     closed_loop_stall_share,
     closed_loop_throughput,

@@ -109,10 +109,6 @@ def prefill_capacity(pre: PoolModel, w: Workload, budget_tokens: int) -> float:
     return float(grid[-1] / table[-1]) if budget_tokens >= 2 * w.isl.mean else float(1 / table[0])
 
 
-BULK_RESIDUAL_POINTS = (np.arange(8) + 0.5) / 8
-"""Midpoints over the remaining fraction U of the step in progress (uniform), for ``prefill_wait``."""
-
-
 def prefill_wait(pre: PoolModel, w: Workload, lam_total, servers, budget_tokens: int, levels
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Arrival to the end of its prefill in a pool of ``servers`` instances whose steps batch prompts:
@@ -122,15 +118,15 @@ def prefill_wait(pre: PoolModel, w: Workload, lam_total, servers, budget_tokens:
     (``prefill_batch``), so a queue is never more than one step deep until the token budget binds.
     On an instance of rate lambda with steps T(b) = T_0 + tau b (b prompts), a prompt that finds it
     idle runs at once, in T(1); one that finds a step of length t running waits its rest U t and then
-    runs with everyone that arrived during it, T_0 + tau (1 + lambda t). So
-    TTFT - T(1) = t (U + m), m = lambda tau. The step in progress t is length-biased: T(1) when it
-    holds one prompt, else T(1) plus a gamma with the steps' mean and variance
-    (``step_batch_variance``, plus the spread of prompt lengths; see ``_bulk_wait``). Where the
+    runs with everyone that arrived during it. So TTFT - T(1) = U t + tau S, S the N ~ Poisson(lambda t) prompts that join it (mean t (U + m),
+    m = lambda tau). The step in progress t is length-biased; its moments come from the Markov chain of
+    the steps' batches (``step_chain``) and the wait given a busy pool is a gamma of the exact mean and
+    variance (``_bulk_wait``). Where the
     budget holds few prompts the batch is capped and a queue forms: a FIFO M/G/c queue of prompts
-    served T(b) / b each, blended in by ``_bulk_share``. Several instances share one queue: an arrival waits when all are busy (``erlang_c`` at the
-    busy share lambda T / b); instances then free up c times as often, so the rest it waits
-    and the prompts that join it both shrink by c: TTFT - T(1) = t (U + m) / c. The
-    quantile is the mixture's, by bisection, the gamma by Wilson-Hilferty.
+    served T(b) / b each, blended in by ``_bulk_share``. Several instances share one queue: an arrival
+    waits when all are busy (``erlang_c`` at the busy share lambda E[T] / E[b]); instances then free up
+    c times as often, so the rest it waits and the prompts that join it both shrink by c:
+    TTFT - T(1) = (U t + tau S) / c. The quantile is the mixture's, by bisection, the gamma by Wilson-Hilferty.
     """
     lam_total = np.asarray(lam_total, dtype=float)
     c = np.asarray(servers, dtype=float)
@@ -163,30 +159,97 @@ def _bulk_share(w: Workload, budget_tokens: int) -> float:
     return min(max((most - 2) / 4, 0.0), 1.0)
 
 
+CHAIN_STATES = 64
+"""Most states of ``step_chain``: batches 1 ... most prompts on a grid of at most this many points."""
+
+
+def step_chain(pre: PoolModel, w: Workload, lam, budget_tokens: int) -> tuple[np.ndarray, ...]:
+    """Moments of the prefill steps of one instance under bulk service, from the Markov chain of their batches:
+    (E[b], E[T], E[T^2], E[T^3]) at each per-instance rate ``lam``, T in seconds.
+
+    A step of b prompts lasts T = T_0 + tau X, X the sum of their lengths in mean prompts (mean b, variance
+    b cv^2); the next step takes the N prompts that arrived meanwhile, or the next arrival when none did:
+    b' = min(q', most) of the q' = q - b + N prompts then waiting (the next arrival when none are). Given b, N is Poisson of mean lambda T with T spread by the prompt lengths, a
+    gamma-mixed Poisson (negative binomial; Poisson for prompts of one length). The stationary distribution
+    of q gives the moments: the steps' spread comes from the chain itself, not from a fitted shape. A queue
+    is followed up to ``most`` prompts beyond the budget's worth (at most ``CHAIN_STATES``) and lumped
+    there; more than ``CHAIN_STATES`` queue lengths are kept on a grid, each count split between its two
+    neighbours."""
+    most, grid, table = step_table(pre, w, budget_tokens)
+    t1 = float(table[0])
+    tau = float((table[-1] - t1) / (grid[-1] - 1)) if grid[-1] > 1 else t1
+    tau = min(tau, t1)
+    t0 = t1 - tau
+    lam = np.asarray(lam, dtype=float)
+    flat = lam.reshape(-1)
+    full = int(most)
+    top = full + min(full, CHAIN_STATES)  # prompts waiting at a step's start, the budget's worth and more
+    states = (np.arange(1.0, top + 1) if top <= CHAIN_STATES
+              else np.unique(np.round(np.geomspace(1, top, CHAIN_STATES))))
+    batch = np.minimum(states, full)
+    cv2 = w.isl.cv**2
+    n = np.arange(top + 1, dtype=float)
+    mu = flat[:, None, None] * (t0 + tau * batch)[None, :, None]  # mean arrivals during a step of b prompts
+    mix = (flat[:, None, None] * tau) ** 2 * batch[None, :, None] * cv2  # their variance from the lengths
+    log_fact = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, top + 1)))])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if cv2 > 0:
+            r = mu**2 / mix
+            p = mu / (mu + r)
+            # log Gamma(n + r) - log Gamma(r) = sum_{i < n} log(r + i)
+            rising = np.concatenate([np.zeros_like(r), np.cumsum(np.log(r + n[None, None, :-1]), axis=-1)], axis=-1)
+            log_pmf = rising - log_fact + r * np.log1p(-p) + n * np.log(p)
+        else:
+            log_pmf = n * np.log(mu) - mu - log_fact
+    pmf = np.exp(np.nan_to_num(log_pmf, nan=-np.inf))
+    pmf[..., -1] += np.maximum(1 - pmf.sum(axis=-1), 0.0)
+    # prompts waiting at the next step's start: those left over plus the arrivals, or the next arrival when
+    # none wait; onto the states (split between neighbours, which keeps the mean)
+    nxt = np.clip(states[:, None] - batch[:, None] + n[None, :], 1.0, float(top))  # (from, arrivals)
+    k = states.size
+    if k > 1:
+        hi = np.clip(np.searchsorted(states, nxt), 1, k - 1)
+        frac = np.clip((nxt - states[hi - 1]) / (states[hi] - states[hi - 1]), 0.0, 1.0)
+        q = np.zeros((flat.size, k, k))
+        rows = np.broadcast_to(np.arange(k)[:, None], nxt.shape)
+        for cols, share in ((hi - 1, 1 - frac), (hi, frac)):
+            np.add.at(q, (slice(None), rows.ravel(), cols.ravel()), (pmf * share[None]).reshape(flat.size, -1))
+    else:
+        q = np.ones((flat.size, 1, 1))
+    a = np.swapaxes(q, 1, 2) - np.eye(k)
+    a[:, -1, :] = 1.0  # the probabilities sum to 1
+    rhs = np.zeros((flat.size, k, 1))
+    rhs[:, -1, 0] = 1.0
+    pi = np.clip(np.linalg.solve(a, rhs)[..., 0], 0.0, None)
+    pi /= pi.sum(axis=-1, keepdims=True)
+    m1 = t0 + tau * batch
+    v = tau**2 * batch * cv2
+    skew = tau**3 * batch * 2 * cv2**2  # third central moment of the lengths' sum, gamma-like
+    moments = (pi @ batch, pi @ m1, pi @ (m1**2 + v), pi @ (m1**3 + 3 * m1 * v + skew))
+    return tuple(x.reshape(lam.shape) for x in moments)
+
+
 def _bulk_wait(pre: PoolModel, w: Workload, lam, c, budget_tokens: int, levels, b, step, busy
                ) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, quantiles) of arrival to end of prefill under bulk service (``prefill_wait``)."""
+    """(mean, quantiles) of arrival to end of prefill under bulk service (``prefill_wait``).
+
+    A prompt that finds an instance idle runs at once: T(l), normal about T(1) with its length's spread.
+    One that finds all busy (probability ``erlang_c`` at the chain's busy share lambda E[T] / E[b]) ends
+    after T(1) + (U t + tau S) / c: U t the rest of the step in progress t (length-biased: its moments
+    E[T^2] / E[T] and E[T^3] / E[T] from ``step_chain``), S the prompts that arrived during it
+    (``bulk_wait_mean``, ``bulk_wait_variance``), taken as a gamma of that mean and variance. Against the
+    simulation (4 seeds of 40,000 prompts, Llama-3.1-8B on H100, prompts of 600 tokens, cv 0.5) the p50
+    and p90 are within 5% up to 0.8 of capacity; at 0.9 the p90 is 16% short (a burst beyond the token
+    budget waits more than one step, which the chain lumps at a full step)."""
     most, grid, table = step_table(pre, w, budget_tokens)
     t1 = float(table[0])
     tau = float((table[-1] - t1) / (grid[-1] - 1)) if grid[-1] > 1 else t1
     tau = min(tau, t1)
     m = np.minimum(lam * tau, 0.99)
     stable = busy < 1
-    # the batch lies within 1 ... most: at most ((most - 1) / 2)^2 of variance
-    var_b = np.minimum(np.asarray(f.step_batch_variance(N_a=lam * step, m=m), dtype=float), ((most - 1) / 2) ** 2)
-    var_t = np.maximum(tau**2 * (var_b + b * w.isl.cv**2), 1e-30)
-    # a step holds one prompt (T(1)) with probability P(max(N, 1) = 1) = (1 + N_a) exp(-N_a); else it
-    # lasts T(1) + Y, Y gamma(k, theta) with the rest of the steps' mean and variance. The step in
-    # progress is length-biased: T(1) with weight P1 T(1), T(1) + gamma(k, theta) with weight
-    # (1 - P1) T(1), T(1) + gamma(k + 1, theta) with weight (1 - P1) k theta (y f_k(y) ~ f_(k+1)(y)).
-    arrivals = lam * step
-    p1 = np.clip((1 + arrivals) * np.exp(-arrivals), 0.0, 1 - 1e-9)
-    y_mean = np.maximum(step - t1, 1e-12 * t1) / (1 - p1)
-    y_var = np.maximum((var_t + (step - t1) ** 2) / (1 - p1) - y_mean**2, 1e-30)
-    k, theta = y_mean**2 / y_var, y_var / y_mean
-    weights = np.stack([p1 * t1, (1 - p1) * t1, (1 - p1) * y_mean]) / (p1 * t1 + (1 - p1) * (t1 + y_mean))
-    lb_mean = t1 + (weights[1] * y_mean + weights[2] * (k + 1) * theta)
-    p_busy = np.where(stable, erlang_c(lam * c * step / b, c), 1.0)
+    e_b, e_t, e_t2, e_t3 = step_chain(pre, w, lam, budget_tokens)
+    e1, e2 = e_t2 / e_t, e_t3 / e_t
+    p_busy = np.where(stable, erlang_c(np.minimum(lam * c * e_t / e_b, c * (1 - 1e-9)), c), 1.0)
     ca2 = w.arrival_cv**2
     if abs(ca2 - 1.0) > 1e-12 and ca2 > 0:
         # bursty arrivals find the pool busy more often (GI/M/1's P_w, relative to Poisson's), and more of
@@ -194,23 +257,30 @@ def _bulk_wait(pre: PoolModel, w: Workload, lam, c, budget_tokens: int, levels, 
         rho_c = np.minimum(busy, 1 - 1e-9)
         p_busy = np.minimum(p_busy * gamma_arrival_wait_probability(rho_c, ca2) / np.maximum(rho_c, 1e-12), 1.0)
         m = m * (ca2 + 1) / 2
-    mean = t1 + p_busy * lb_mean * (0.5 + m) / c
-    r = 1 - (1 - levels[..., :]) / np.maximum(p_busy[..., None], 1e-12)  # level within the waiting arrivals
-    waiting = r > 0
-    rr = np.clip(r, 1e-6, 1 - 1e-9)
-    z = np.vectorize(z_score)(rr)
-    kk, th, mm, cc = (np.broadcast_to(np.asarray(a, dtype=float)[..., None], r.shape) for a in (k, theta, m, c))
-    wt = [np.broadcast_to(x[..., None, None], (*r.shape, 1)) for x in weights]
-    # the largest part (T(1) + gamma(k + 1)) at level r bounds the wait's quantile from above
-    t_r = t1 + np.asarray(f.gamma_quantile_wh(k_g=kk + 1, theta_g=th, z=z), dtype=float)
-    lo, hi = t1 * mm / cc, t_r * (1 + mm) / cc
-    for _ in range(BISECTION_STEPS):
-        y = (lo + hi) / 2
-        x = y[..., None] * cc[..., None] / (BULK_RESIDUAL_POINTS + mm[..., None]) - t1
-        cdf = (wt[0] * (x >= 0) + wt[1] * _gamma_cdf_wh(x, kk[..., None], th[..., None])
-               + wt[2] * _gamma_cdf_wh(x, kk[..., None] + 1, th[..., None])).mean(axis=-1)
-        lo, hi = np.where(cdf < rr, y, lo), np.where(cdf < rr, hi, y)
-    q = t1 + np.where(waiting, (lo + hi) / 2, 0.0)
+    cv2 = w.isl.cv**2
+    own_var = tau**2 * cv2
+    wait_mean = np.asarray(f.bulk_wait_mean(e_1=e1, m=m, c_srv=c), dtype=float)
+    wait_var = np.maximum(np.asarray(f.bulk_wait_variance(e_1=e1, e_2=e2, m=m, tau_p=tau, cv2_isl=cv2, c_srv=c),
+                                     dtype=float), 1e-30) + own_var
+    busy_mean = t1 + wait_mean
+    kg, thg = busy_mean**2 / wait_var, wait_var / busy_mean
+    mean = t1 + p_busy * wait_mean
+    sd_own = math.sqrt(own_var)
+    lv = np.broadcast_to(levels, (*np.shape(lam), len(levels)))
+    pb, kk, th = (np.broadcast_to(np.asarray(a, dtype=float)[..., None], lv.shape) for a in (p_busy, kg, thg))
+
+    def cdf(x):
+        idle = np.where(x >= t1, 1.0, 0.0) if sd_own == 0 else 0.5 * (1 + _erf((x - t1) / (sd_own * math.sqrt(2))))
+        return (1 - pb) * idle + pb * _gamma_cdf_wh(x, kk, th)
+
+    lo = np.zeros(lv.shape)
+    hi = np.broadcast_to((t1 + 4 * sd_own + np.asarray(f.gamma_quantile_wh(k_g=kg, theta_g=thg, z=4.0), dtype=float)
+                          * 2)[..., None], lv.shape).copy()
+    for _ in range(BISECTION_STEPS + 6):
+        x = (lo + hi) / 2
+        below = cdf(x) < lv
+        lo, hi = np.where(below, x, lo), np.where(below, hi, x)
+    q = (lo + hi) / 2
     return np.where(stable, mean, np.inf), np.where(stable[..., None], q, np.inf)
 
 
