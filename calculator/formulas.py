@@ -976,22 +976,6 @@ prefill_step_batch = Formula(
 )
 
 
-def _step_batch_variance(N_a: Any, m: Any) -> Any:
-    return N_a/(1 - m**2)
-
-
-step_batch_variance = Formula(
-    name="step_batch_variance",
-    section="queueing and serving",
-    unit="requests^2",
-    doc="Variance of the prompts per prefill step when each step takes the arrivals of the one before (Poisson with mean lambda T(b), T(b) = T_0 + tau b): a branching process with immigration, Var = E[b] + m^2 Var.",
-    args=("N_a", "m"),
-    latex="\\frac{N_{a}}{1 - m^{2}}",
-    fn=_step_batch_variance,
-    symbol_table=SYMBOL_TABLE,
-)
-
-
 def _bulk_wait_mean(c_srv: Any, e_1: Any, m: Any) -> Any:
     return e_1*(m + 1/2)/c_srv
 
@@ -1286,7 +1270,6 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     residual_cv2,
     weibull_tail_quantile,
     prefill_step_batch,
-    step_batch_variance,
     bulk_wait_mean,
     bulk_wait_variance,
     mixed_tpot,

@@ -501,14 +501,6 @@ prefill_step_batch = _formula(
     "next arrival when none did: E[max(N, 1)] for N ~ Poisson(N_a).",
 )
 m_br = _sym("m", "prompts that arrive per prompt's share of a step (lambda tau)", "1")
-step_batch_variance = _formula(
-    "step_batch_variance",
-    N_arr / (1 - m_br**2),
-    "requests^2",
-    "Variance of the prompts per prefill step when each step takes the arrivals of the one before "
-    "(Poisson with mean lambda T(b), T(b) = T_0 + tau b): a branching process with immigration, "
-    "Var = E[b] + m^2 Var.",
-)
 e1_st = _sym("e_1", "mean of the prefill step in progress at an arrival (length-biased: E[T^2] / E[T])", "s", "e_{1}")
 e2_st = _sym("e_2", "second moment of the prefill step in progress at an arrival (E[T^3] / E[T])", "s^2", "e_{2}")
 tau_p = _sym("tau_p", "prefill step time per mean prompt it holds (slope of T(b) = T_0 + tau b)", "s", r"\tau_{p}")

@@ -143,7 +143,7 @@ def prefill_wait(pre: PoolModel, w: Workload, lam_total, servers, budget_tokens:
     fifo_q = np.stack([wp for _, wp in waits], axis=-1) + step[..., None]
     if bulk_share == 0:
         return fifo_mean, fifo_q, busy, step
-    bulk_mean, bulk_q = _bulk_wait(pre, w, lam, c, budget_tokens, levels, b, step, busy)
+    bulk_mean, bulk_q = _bulk_wait(pre, w, lam, c, budget_tokens, levels, busy)
     if bulk_share == 1:
         return bulk_mean, bulk_q, busy, step
     with np.errstate(invalid="ignore"):  # inf stays inf
@@ -157,6 +157,15 @@ def _bulk_share(w: Workload, budget_tokens: int) -> float:
     where it holds six or more; linear in between."""
     most = max(1.0, math.floor(budget_tokens / w.isl.mean))  # as ``step_table``, without building it
     return min(max((most - 2) / 4, 0.0), 1.0)
+
+
+def _step_line(pre: PoolModel, w: Workload, budget_tokens: int) -> tuple[float, float, float]:
+    """(most prompts a step holds, T(1) s, tau s): the prefill step time as T(b) = T_0 + tau b over
+    ``step_table``'s end points, tau at most T(1)."""
+    most, grid, table = step_table(pre, w, budget_tokens)
+    t1 = float(table[0])
+    tau = float((table[-1] - t1) / (grid[-1] - 1)) if grid[-1] > 1 else t1
+    return most, t1, min(tau, t1)
 
 
 CHAIN_STATES = 64
@@ -175,10 +184,7 @@ def step_chain(pre: PoolModel, w: Workload, lam, budget_tokens: int) -> tuple[np
     is followed up to ``most`` prompts beyond the budget's worth (at most ``CHAIN_STATES``) and lumped
     there; more than ``CHAIN_STATES`` queue lengths are kept on a grid, each count split between its two
     neighbours."""
-    most, grid, table = step_table(pre, w, budget_tokens)
-    t1 = float(table[0])
-    tau = float((table[-1] - t1) / (grid[-1] - 1)) if grid[-1] > 1 else t1
-    tau = min(tau, t1)
+    most, t1, tau = _step_line(pre, w, budget_tokens)
     t0 = t1 - tau
     lam = np.asarray(lam, dtype=float)
     flat = lam.reshape(-1)
@@ -229,7 +235,7 @@ def step_chain(pre: PoolModel, w: Workload, lam, budget_tokens: int) -> tuple[np
     return tuple(x.reshape(lam.shape) for x in moments)
 
 
-def _bulk_wait(pre: PoolModel, w: Workload, lam, c, budget_tokens: int, levels, b, step, busy
+def _bulk_wait(pre: PoolModel, w: Workload, lam, c, budget_tokens: int, levels, busy
                ) -> tuple[np.ndarray, np.ndarray]:
     """(mean, quantiles) of arrival to end of prefill under bulk service (``prefill_wait``).
 
@@ -241,10 +247,7 @@ def _bulk_wait(pre: PoolModel, w: Workload, lam, c, budget_tokens: int, levels, 
     simulation (4 seeds of 40,000 prompts, Llama-3.1-8B on H100, prompts of 600 tokens, cv 0.5) the p50
     and p90 are within 5% up to 0.8 of capacity; at 0.9 the p90 is 16% short (a burst beyond the token
     budget waits more than one step, which the chain lumps at a full step)."""
-    most, grid, table = step_table(pre, w, budget_tokens)
-    t1 = float(table[0])
-    tau = float((table[-1] - t1) / (grid[-1] - 1)) if grid[-1] > 1 else t1
-    tau = min(tau, t1)
+    most, t1, tau = _step_line(pre, w, budget_tokens)
     m = np.minimum(lam * tau, 0.99)
     stable = busy < 1
     e_b, e_t, e_t2, e_t3 = step_chain(pre, w, lam, budget_tokens)
