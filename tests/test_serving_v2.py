@@ -210,6 +210,30 @@ def test_prefill_step_chain_against_the_simulated_steps():
     assert b[0] == pytest.approx(1.0, abs=0.03) and t[0] == pytest.approx(float(pre.prefill_s(600.0)), rel=0.05)
 
 
+def test_prefill_step_chain_takes_many_arrivals_as_a_normal(monkeypatch):
+    # short prompts under a large budget: a step expects hundreds of arrivals. Weighing every count
+    # (the chain's n up to twice the budget's worth) took 66 s for one evaluate of one-token prompts
+    # at 65,536 tokens a step; the normal of the same mean and variance gives the same moments
+    from calculator.serving import disaggregated as dg
+
+    m = pc.load_model("llama-3.1-8b")
+    w = pc.Workload(rate=1, isl={"mean": 8, "cv": 0.5}, osl=250)
+    pre = PoolModel.build(m, pc.Pool(gpu="h100-sxm"), w)
+    most, t1, tau = dg._step_line(pre, w, 8192)
+    assert most == 1024
+    rates = most / (t1 - tau + tau * most) * np.array([0.05, 0.3, 0.6, 0.9, 0.97])
+    approx = np.array(dg.step_chain(pre, w, rates, 8192))
+    monkeypatch.setattr(dg, "ARRIVAL_COUNTS", 10_000)  # every count, one by one
+    exact = np.array(dg.step_chain(pre, w, rates, 8192))
+    assert approx == pytest.approx(exact, rel=1e-3)
+    assert approx[0, -1] > 500  # a step of hundreds of prompts near capacity: the normal was used
+    # the split of a normal onto the grid keeps its mass and its mean where it lies inside the grid
+    states = np.array([1.0, 3.0, 10.0, 40.0, 100.0])
+    share = dg._normal_onto_grid(states, np.array([20.0, 1.0]), np.array([4.0, 1e-9]))
+    assert share.sum(axis=-1) == pytest.approx([1.0, 1.0])
+    assert share[0] @ states == pytest.approx(20.0, rel=1e-6) and share[1, 0] == pytest.approx(1.0)
+
+
 def test_a_full_batch_caps_the_tpot_tail():
     # long prompts on the MoE: KV memory holds ~14 sequences; the lognormal tail alone was 30% high
     # at 0.9 of capacity (31.4 ms against 24.2 ms simulated)

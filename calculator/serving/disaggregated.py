@@ -16,6 +16,7 @@ the step of a full batch.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -171,6 +172,73 @@ def _step_line(pre: PoolModel, w: Workload, budget_tokens: int) -> tuple[float, 
 CHAIN_STATES = 64
 """Most states of ``step_chain``: batches 1 ... most prompts on a grid of at most this many points."""
 
+ARRIVAL_COUNTS = 256
+"""Arrival counts per step that ``step_chain`` weighs one by one; a step whose arrivals reach beyond
+(a queue of more than this many short prompts) takes them as a normal of the same mean and variance,
+so that the work is bounded whatever the budget's worth of prompts."""
+
+
+def _onto_grid(states: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(lower neighbour's index, share of the upper one) of values ``x`` on the increasing grid
+    ``states``, clipped to its ends: the split between neighbours that keeps the mean."""
+    k = states.size
+    hi = np.clip(np.searchsorted(states, x), 1, k - 1)
+    share = np.clip((x - states[hi - 1]) / (states[hi] - states[hi - 1]), 0.0, 1.0)
+    return hi - 1, share
+
+
+def _normal_onto_grid(states: np.ndarray, mean: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """Expected split of X ~ N(mean, sd^2), clipped to the grid's ends, between the grid's points
+    (last axis): point j gets D_{j-1} - D_j with D_j = (R(s_j) - R(s_{j+1})) / (s_{j+1} - s_j),
+    R(a) = E[(X - a)^+], D_{-1} = 1 and D_{k-1} = 0 (the split is piecewise linear in X)."""
+    z = (states - mean[..., None]) / sd[..., None]
+    tail = 0.5 * (1 - _erf(z / math.sqrt(2)))
+    ramp = sd[..., None] * np.exp(-0.5 * z**2) / math.sqrt(2 * math.pi) - z * sd[..., None] * tail
+    slope = -np.diff(ramp, axis=-1) / np.diff(states)
+    edges = np.concatenate([np.ones_like(ramp[..., :1]), slope, np.zeros_like(ramp[..., :1])], axis=-1)
+    return np.clip(edges[..., :-1] - edges[..., 1:], 0.0, None)
+
+
+@functools.lru_cache(maxsize=64)
+def _arrival_split_cached(states: tuple[float, ...], full: float, counts: int) -> np.ndarray:
+    grid = np.asarray(states)
+    k = grid.size
+    nxt = np.clip(grid[:, None] - np.minimum(grid, full)[:, None] + np.arange(counts + 1.0)[None, :], 1.0, grid[-1])
+    lower, share = _onto_grid(grid, nxt)
+    split = np.zeros((k, counts + 1, k))
+    rows, cols = np.indices(nxt.shape)
+    np.add.at(split, (rows, cols, lower), 1 - share)
+    np.add.at(split, (rows, cols, np.minimum(lower + 1, k - 1)), share)
+    split.flags.writeable = False
+    return split
+
+
+def _arrival_split(states: np.ndarray, batch: np.ndarray, counts: int) -> np.ndarray:
+    """(from state, arrivals, to state): where a step from each state with n = 0 ... ``counts`` arrivals
+    leaves the queue (the prompts left over plus the arrivals, at least the next arrival), split
+    between the neighbouring states. It depends on the grid alone, so it is cached."""
+    return _arrival_split_cached(tuple(states.tolist()), float(batch.max()), counts)
+
+
+def _arrival_pmf(mu: np.ndarray, mix: np.ndarray, cv2: float, counts: int) -> np.ndarray:
+    """P(N = 0 ... counts) (last axis; the rest lumped at ``counts``) of the arrivals during a step: Poisson
+    of mean ``mu`` mixed by a gamma of variance ``mix`` (negative binomial), for 1-d arrays of cells."""
+    n = np.arange(counts + 1, dtype=float)
+    log_fact = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, counts + 1)))])
+    mu, mix = mu[:, None], mix[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if cv2 > 0:
+            r = mu**2 / mix
+            p = mu / (mu + r)
+            # log Gamma(n + r) - log Gamma(r) = sum_{i < n} log(r + i)
+            rising = np.concatenate([np.zeros_like(r), np.cumsum(np.log(r + n[None, :-1]), axis=-1)], axis=-1)
+            log_pmf = rising - log_fact + r * np.log1p(-p) + n * np.log(p)
+        else:
+            log_pmf = n * np.log(mu) - mu - log_fact
+    pmf = np.exp(np.nan_to_num(log_pmf, nan=-np.inf))
+    pmf[:, -1] += np.maximum(1 - pmf.sum(axis=-1), 0.0)
+    return pmf
+
 
 def step_chain(pre: PoolModel, w: Workload, lam, budget_tokens: int) -> tuple[np.ndarray, ...]:
     """Moments of the prefill steps of one instance under bulk service, from the Markov chain of their batches:
@@ -183,7 +251,8 @@ def step_chain(pre: PoolModel, w: Workload, lam, budget_tokens: int) -> tuple[np
     of q gives the moments: the steps' spread comes from the chain itself, not from a fitted shape. A queue
     is followed up to ``most`` prompts beyond the budget's worth (at most ``CHAIN_STATES``) and lumped
     there; more than ``CHAIN_STATES`` queue lengths are kept on a grid, each count split between its two
-    neighbours."""
+    neighbours. Arrivals are weighed count by count up to ``ARRIVAL_COUNTS``; a step expecting more
+    takes them as a normal (its negative binomial's shape is then large)."""
     most, t1, tau = _step_line(pre, w, budget_tokens)
     t0 = t1 - tau
     lam = np.asarray(lam, dtype=float)
@@ -193,33 +262,26 @@ def step_chain(pre: PoolModel, w: Workload, lam, budget_tokens: int) -> tuple[np
     states = (np.arange(1.0, top + 1) if top <= CHAIN_STATES
               else np.unique(np.round(np.geomspace(1, top, CHAIN_STATES))))
     batch = np.minimum(states, full)
+    k = states.size
     cv2 = w.isl.cv**2
-    n = np.arange(top + 1, dtype=float)
-    mu = flat[:, None, None] * (t0 + tau * batch)[None, :, None]  # mean arrivals during a step of b prompts
-    mix = (flat[:, None, None] * tau) ** 2 * batch[None, :, None] * cv2  # their variance from the lengths
-    log_fact = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, top + 1)))])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if cv2 > 0:
-            r = mu**2 / mix
-            p = mu / (mu + r)
-            # log Gamma(n + r) - log Gamma(r) = sum_{i < n} log(r + i)
-            rising = np.concatenate([np.zeros_like(r), np.cumsum(np.log(r + n[None, None, :-1]), axis=-1)], axis=-1)
-            log_pmf = rising - log_fact + r * np.log1p(-p) + n * np.log(p)
-        else:
-            log_pmf = n * np.log(mu) - mu - log_fact
-    pmf = np.exp(np.nan_to_num(log_pmf, nan=-np.inf))
-    pmf[..., -1] += np.maximum(1 - pmf.sum(axis=-1), 0.0)
+    counts = min(top, ARRIVAL_COUNTS)
+    mu = flat[:, None] * (t0 + tau * batch)[None, :]  # (rate, state): mean arrivals during a step of b prompts
+    mix = (flat[:, None] * tau) ** 2 * batch[None, :] * cv2  # their variance from the lengths
+    sd = np.sqrt(mu + mix)
+    reach = mu + 8 * sd + 1  # arrivals beyond are negligible
+    wide = (reach > counts) & (top > counts)  # arrivals beyond the counts weighed one by one
+    if not wide.all():  # weigh only as many counts as the narrow cells reach (a power of two, for the cache)
+        counts = min(counts, 2 ** math.ceil(math.log2(max(float(reach[~wide].max()), 2.0))))
+    pmf = np.zeros((*mu.shape, counts + 1))
+    pmf[~wide] = _arrival_pmf(mu[~wide], mix[~wide], cv2, counts)
     # prompts waiting at the next step's start: those left over plus the arrivals, or the next arrival when
     # none wait; onto the states (split between neighbours, which keeps the mean)
-    nxt = np.clip(states[:, None] - batch[:, None] + n[None, :], 1.0, float(top))  # (from, arrivals)
-    k = states.size
     if k > 1:
-        hi = np.clip(np.searchsorted(states, nxt), 1, k - 1)
-        frac = np.clip((nxt - states[hi - 1]) / (states[hi] - states[hi - 1]), 0.0, 1.0)
-        q = np.zeros((flat.size, k, k))
-        rows = np.broadcast_to(np.arange(k)[:, None], nxt.shape)
-        for cols, share in ((hi - 1, 1 - frac), (hi, frac)):
-            np.add.at(q, (slice(None), rows.ravel(), cols.ravel()), (pmf * share[None]).reshape(flat.size, -1))
+        split = _arrival_split(states, batch, counts)
+        q = np.swapaxes(np.matmul(np.swapaxes(pmf, 0, 1), split), 0, 1)  # (rate, from, to)
+        if wide.any():
+            leftover = np.broadcast_to(states - batch, mu.shape)
+            q[wide] = _normal_onto_grid(states, leftover[wide] + mu[wide], np.maximum(sd[wide], 1e-9))
     else:
         q = np.ones((flat.size, 1, 1))
     a = np.swapaxes(q, 1, 2) - np.eye(k)
