@@ -155,6 +155,50 @@ def test_weibull_wait_shape_round_trips_and_is_exponential_at_cv2_one():
     assert float(mixture_quantile(1.0, 0.2, 0.01, 0.99, 1 / 3)) < 0.2 * np.log(100)
 
 
+def test_a_wait_and_a_slot_wait_are_one_quantile_not_two_added():
+    # a prompt's step wait W (positive for 30%, exponential of 50 ms) and a slot wait A (5%, exponential
+    # of 1 s): adding their p90s (A's is 0, fewer than 10% wait) leaves A out of the tail
+    from calculator.serving.base import SlotQueue, quantile_table_tail, with_slot_wait
+
+    rng = np.random.default_rng(0)
+    n = 400_000
+    w = np.where(rng.random(n) < 0.3, rng.exponential(0.05, n), 0.0)
+    a = np.where(rng.random(n) < 0.05, rng.exponential(1.0, n), 0.0)
+    slots = SlotQueue(np.array([0.05]), np.array([0.05]), np.array([1.0]))
+
+    def tail(x):
+        return 0.3 * np.exp(-np.asarray(x) / 0.05)
+
+    w90 = 0.05 * np.log(3.0)  # W's own p90, 55 ms
+    assert float(slots.quantile_s(0.9)[0]) == 0.0
+    far = 0.05 * np.log(0.3 / 0.05)
+    # one queue: a prompt that waits for a slot waits for that alone (the mixture)
+    one = float(with_slot_wait(0.9, tail, np.array([far]), np.array([w90]), slots)[0])
+    assert one == pytest.approx(np.quantile(np.where(a > 0, a, w), 0.9), rel=0.01)
+    assert one > 1.5 * w90  # 92 ms, where the p90s added give 55 ms
+    # a decode instance: the slot wait follows the prefill and adds to it
+    after = float(with_slot_wait(0.9, tail, np.array([far]), np.array([w90]), slots, np.array([0.015]))[0])
+    assert after == pytest.approx(np.quantile(w + a, 0.9), rel=0.03)
+    # no slot waits: W's own quantile
+    none = SlotQueue(np.array([0.0]), np.array([0.0]), np.array([1.0]))
+    assert with_slot_wait(0.9, tail, np.array([far]), np.array([w90]), none)[0] == w90
+    # the tail of a quantile table: linear between its points, 0 beyond the last
+    t = quantile_table_tail(np.array([[1.0, 2.0, 3.0, 4.0]]), np.array([0.1, 0.5, 0.9, 0.999]))
+    assert t(np.array([0.5]))[0] == pytest.approx(0.95) and t(np.array([2.5]))[0] == pytest.approx(0.3)
+    assert t(np.array([4.0]))[0] == 0.0
+
+
+def test_decreasing_root_is_exact_where_smooth_and_bracketed_at_a_jump():
+    from calculator.serving.base import BISECTION_STEPS, decreasing_root
+
+    # smooth: the secant through the last bracket leaves ~(bracket)^2 (10 / 1024 here)
+    x = decreasing_root(lambda x: np.exp(-x) - np.array([0.1, 0.01]), np.zeros(2), np.full(2, 10.0))
+    assert x == pytest.approx(np.log([10.0, 100.0]), rel=1e-5)  # 1.2e-5 off: h^2 / 8 for h = 10 / 1024
+    # a jump at 1: no better than the bracket, and never outside it
+    jump = float(decreasing_root(lambda x: np.where(x > 1.0, -0.5, 0.5), np.zeros(1), np.full(1, 10.0))[0])
+    assert abs(jump - 1.0) <= 10.0 / 2**BISECTION_STEPS
+
+
 def test_bulk_prefill_pool_against_its_simulation():
     # short prompts batch: the pool carries more than batch-1 prefill says, and the queue stays one
     # step deep; p50 / p90 of arrival-to-prefill-end against the prefill pool simulated alone (the

@@ -447,6 +447,18 @@ class PrefillService:
             pm._cache[key] = cls._compute(pm, workload, p)
         return pm._cache[key]
 
+    @staticmethod
+    def excess_s(pm: PoolModel, workload: Workload, levels) -> np.ndarray:
+        """The prefill time of the prompt at each of ``levels`` of the length distribution, less the
+        mean prefill time (``PrefillService.of(...).quantile_s - mean_s``, all levels in one call)."""
+        levels = np.asarray(levels, dtype=float)
+        if workload.isl.samples is None and workload.isl.cv == 0:
+            return np.zeros(levels.shape)
+        q_isl = np.array([workload.isl.quantile(float(x)) for x in levels.ravel()]).reshape(levels.shape)
+        q_cached = np.round(q_isl * workload.prefix_hit)
+        return np.asarray(pm.prefill_s(q_isl - q_cached, q_cached), dtype=float) - PrefillService.of(
+            pm, workload, float(levels.ravel()[0])).mean_s
+
     @classmethod
     def _compute(cls, pm: PoolModel, workload: Workload, p: float) -> PrefillService:
         vals, w = workload.isl.points()
@@ -483,11 +495,11 @@ def erlang_c(offered, servers) -> np.ndarray:
         return np.where(rho < 1, np.where(few, exact, approx), 1.0)
 
 
-def queue_wait(rate, service: PrefillService, servers, p: float, batched=False,
+def queue_wait(rate, service: PrefillService, servers, p, batched=False,
                ca2: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """(mean wait, p-quantile of the wait) of a G/G/c queue (``ca2``: the arrivals' squared cv, 1 for
     Poisson); inf when rho >= 1. ``batched``: queued prompts share a step with those that arrive while
-    they wait (the wait stretches by 1 + rho)."""
+    they wait (the wait stretches by 1 + rho). ``p`` a 1-d array of levels: the quantiles on a last axis."""
     rate = np.asarray(rate, dtype=float)
     args = {"lambda": rate, "E_S": service.mean_s, "c_s2": service.cs2, "c_srv": servers, "c_a2": ca2}
     rho = f.server_utilisation(args)
@@ -499,13 +511,16 @@ def queue_wait(rate, service: PrefillService, servers, p: float, batched=False,
     if ca2 > 0 and abs(ca2 - 1.0) > 1e-12:
         # bursty arrivals: more of them wait (GI/M/1's P_w on one server, the c servers' Erlang C scaled as it)
         pw = np.minimum(pw * gamma_arrival_wait_probability(rho, ca2) / np.maximum(rho, 1e-12), 1.0)
-    wp = np.where(rho < 1, f.wait_percentile(W_q=np.where(rho < 1, wq, 0), P_w=np.maximum(pw, 1e-300), p=p), np.inf)
+    pp = np.asarray(p, dtype=float)
+    wq_, pw_, rho_ = (np.asarray(x, dtype=float)[..., None] if pp.ndim else x for x in (wq, pw, rho))
+    wp = np.where(rho_ < 1, f.wait_percentile(W_q=np.where(rho_ < 1, wq_, 0), P_w=np.maximum(pw_, 1e-300), p=pp), np.inf)
     return wq, wp
 
 
 def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=None,
-              ca2: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, p-quantile) of a prompt's wait for its own step on an instance that also decodes.
+              ca2: float = 1.0, slots: SlotQueue | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, p-quantile) of a prompt's wait for its own step on an instance that also decodes; with
+    ``slots``, the p-quantile of its whole wait, for its step or for a batch slot (``with_slot_wait``).
 
     An arrival finds a prompt step running with probability P_w (it then waits as in M/G/1), else a
     decode step of ``step_s``, whose rest it waits out (uniform). The M/G/1 wait, given that it is
@@ -540,7 +555,97 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
         ok = ok & (pw < 1)
     t_d = np.maximum(np.asarray(step_s, dtype=float), 1e-12)
     mean = (1 - pw) * t_d / 2 + wq
-    return np.where(ok, mean, np.inf), np.where(ok, mixture_quantile(pw, theta, t_d, p, cv2), np.inf)
+    if slots is None or not np.any(slots.matters(p)):
+        return np.where(ok, mean, np.inf), np.where(ok, mixture_quantile(pw, theta, t_d, p, cv2), np.inf)
+    k, inv_gamma = weibull_shape(cv2)
+    scale = np.maximum(theta, 1e-12) * inv_gamma
+
+    def tail(x):
+        return (1 - pw) * np.maximum(0.0, 1 - x / t_d) + pw * np.exp(-((x / scale) ** k))
+
+    # beyond one decode step only the Weibull is left: where it alone leaves (1 - p) / 2, the tail does
+    far = np.maximum(t_d, scale * np.log(np.maximum(2 * pw / (1 - p), 1.0)) ** (1 / k))
+    q = with_slot_wait(p, tail, far, mixture_quantile(pw, theta, t_d, p, cv2), slots)
+    return np.where(ok, mean, np.inf), np.where(ok, q, np.inf)
+
+
+def with_slot_wait(p: float, tail, far_s, alone_s, slots: SlotQueue, before_mean_s=None) -> np.ndarray:
+    """p-quantile of a request's wait W (``tail(x)`` = P(W > x), ``far_s`` its (1 + p) / 2 quantile or
+    more, ``alone_s`` its p-quantile) with its wait for a batch slot (``slots``: with probability P_a an
+    exponential of mean theta_a, long beside W).
+
+    On one instance (``before_mean_s`` None) the two overlap: prompts wait in one FIFO queue, and
+    while its head waits for a slot every prompt behind it waits for the same departures, so a prompt
+    that waits for a slot waits for that alone:
+      P(wait > x) = (1 - P_a) P(W > x) + P_a exp(-x / theta_a).
+    On a decode instance the slot wait follows the prefill (W, mean ``before_mean_s``), and adds to it:
+      P(W + A > x) = (1 - P_a) P(W > x) + P_a min(1, exp(-(x - E[W]) / theta_a)).
+    Adding the two p-quantiles instead drops the slot wait wherever fewer than 1 - p of the requests
+    wait for one (its p-quantile is 0), though they are part of the tail. Bisection from
+    [0, far_s + E[W] + theta_a ln(2 P_a / (1 - p))], where the tail is below 1 - p."""
+    finite = np.isfinite(slots.mean_s) & np.isfinite(slots.wait_given_wait_s)
+    pa = np.where(finite & slots.matters(p), slots.wait_probability, 0.0)
+    theta = np.where(finite, slots.wait_given_wait_s, 1.0)
+    shift = 0.0 if before_mean_s is None else np.where(np.isfinite(before_mean_s), before_mean_s, 0.0)
+    far = np.where(np.isfinite(far_s), far_s, 0.0)
+
+    def excess_at(x, w_tail):  # P(wait > x) - (1 - p): decreasing in x
+        return (1 - pa) * w_tail + pa * np.minimum(1.0, np.exp(-(x - shift) / theta)) - (1 - p)
+
+    def over_at(x, w_tail):
+        return excess_at(x, w_tail) > 0
+
+    segment = getattr(tail, "segment", None)
+    if segment is not None:  # a table: bisect within its segment, where W's tail is a line
+        pa, theta, shift = (np.asarray(a, dtype=float)[..., None] for a in np.broadcast_arrays(pa, theta, shift))
+        q0, q1, l0, l1, past, last = segment(over_at)
+        pa, theta, shift = pa[..., 0], theta[..., 0], shift[..., 0]
+        lo = np.where(past, last, q0)
+        hi = np.where(past, last + shift + theta * np.log(np.maximum(2 * pa / (1 - p), 1.0)), q1)
+        slope = (l1 - l0) / np.maximum(q1 - q0, 1e-300)
+
+        def tail(x):  # noqa: F811 - the line on the segment
+            return np.where(past, 0.0, 1 - l0 - slope * (x - q0))
+    else:
+        hi = far + shift + theta * np.log(np.maximum(2 * pa / (1 - p), 1.0))
+        hi = np.broadcast_to(hi, np.broadcast(hi, pa).shape).copy()
+        lo = np.zeros_like(hi)
+    q = np.where(pa > 0, decreasing_root(lambda x: excess_at(x, tail(x)), lo, hi), alone_s)
+    return np.where(finite & np.isfinite(far_s), q, np.inf)
+
+
+def quantile_table_tail(quantiles, levels):
+    """P(X > x) of a positive X known by its quantiles at increasing ``levels`` (last axis of
+    ``quantiles``): linear between them and from 0 at x = 0 to the first, 0 beyond the last. The
+    tail on the segment that holds a probability (``segment``) is a line, so ``with_slot_wait`` can
+    bisect within it without looking the table up at every step."""
+    qs = np.maximum.accumulate(np.asarray(quantiles, dtype=float), axis=-1)
+    qs = np.concatenate([np.zeros_like(qs[..., :1]), qs], axis=-1)
+    lv = np.concatenate([[0.0], np.asarray(levels, dtype=float)])
+
+    def tail(x):
+        x = np.asarray(x, dtype=float)
+        j = np.clip((qs < x[..., None]).sum(axis=-1), 1, lv.size - 1)[..., None]  # x in (q_{j-1}, q_j]
+        q0, q1 = np.take_along_axis(qs, j - 1, -1)[..., 0], np.take_along_axis(qs, j, -1)[..., 0]
+        l0, l1 = lv[j[..., 0] - 1], lv[j[..., 0]]
+        cdf = l0 + (l1 - l0) * np.clip((x - q0) / np.maximum(q1 - q0, 1e-300), 0.0, 1.0)
+        return np.where(x >= qs[..., -1], 0.0, 1 - cdf)
+
+    def segment(over):
+        """The table's points (q_{j-1}, q_j) and levels around the first point where ``over(q, P(X > q))``
+        (decreasing along the table) turns False, and the tail as a line there; a row where it is
+        True at the last point gets that point and a tail of 0 beyond."""
+        tails = 1 - lv
+        tails[-1] = 0.0
+        ok = over(qs, np.broadcast_to(tails, qs.shape))
+        j = np.clip(ok.sum(axis=-1), 1, lv.size - 1)[..., None]
+        past = ok[..., -1]
+        q0, q1 = np.take_along_axis(qs, j - 1, -1)[..., 0], np.take_along_axis(qs, j, -1)[..., 0]
+        l0, l1 = lv[j[..., 0] - 1], lv[j[..., 0]]
+        return q0, q1, l0, l1, past, qs[..., -1]
+
+    tail.segment = segment
+    return tail
 
 
 GI_M_1_ITERATIONS = 60
@@ -580,12 +685,10 @@ def mixture_quantile(pw, theta, t_d, p: float, cv2=1.0) -> np.ndarray:
     x = np.asarray(f.weibull_tail_quantile(theta_w=scale, k=k, P_w=pw, p=p), dtype=float)
     inside = x < t_d
     if np.any(inside):
-        lo, hi = np.zeros_like(x), np.broadcast_to(t_d, x.shape).copy()
-        for _ in range(BISECTION_STEPS):
-            y = (lo + hi) / 2
-            g = (1 - pw) * np.maximum(0.0, 1 - y / t_d) + pw * np.exp(-((y / scale) ** k)) - (1 - p)
-            lo, hi = np.where(g > 0, y, lo), np.where(g > 0, hi, y)
-        x = np.where(inside, (lo + hi) / 2, x)
+        def g(y):
+            return (1 - pw) * np.maximum(0.0, 1 - y / t_d) + pw * np.exp(-((y / scale) ** k)) - (1 - p)
+
+        x = np.where(inside, decreasing_root(g, np.zeros_like(x), np.broadcast_to(t_d, x.shape)), x)
     return x
 
 
@@ -685,6 +788,10 @@ def inverse_osl(w: Workload) -> float:
     return float(np.sum(weights / gaps))
 
 
+SLOT_WAIT_SHARE = 0.01
+"""Share of the requests beyond a p-quantile (1 - p) below which waits for a slot leave it as it is."""
+
+
 @dataclass(frozen=True)
 class SlotQueue:
     """The queue for a batch slot (KV memory or the batch cap) as a birth-death process whose death
@@ -707,6 +814,11 @@ class SlotQueue:
     mean_s: np.ndarray
     wait_probability: np.ndarray
     wait_given_wait_s: np.ndarray
+
+    def matters(self, p: float) -> np.ndarray:
+        """Whether enough requests wait for a slot (1% of the 1 - p beyond the p-quantile) that the
+        wait moves a p-quantile of TTFT (``with_slot_wait``)."""
+        return np.asarray(self.wait_probability) >= SLOT_WAIT_SHARE * (1 - p)
 
     def quantile_s(self, p: float) -> np.ndarray:
         ok = np.isfinite(self.mean_s)
@@ -758,8 +870,28 @@ def _slot_wait_probability(lam, batch, c, hold, slope, full) -> np.ndarray:
     return (1 - frac) * out[0] + frac * out[1]
 
 
-BISECTION_STEPS = 18
-"""Bisection steps for a wait quantile within its bracket (to 4e-6 of it)."""
+BISECTION_STEPS = 10
+"""Bisection steps for a wait quantile within its bracket (to 1/1024 of it), before the secant
+through the last bracket (``decreasing_root``)."""
+
+
+def decreasing_root(g, lo, hi, steps: int = BISECTION_STEPS) -> np.ndarray:
+    """x in [lo, hi] (arrays) with g(x) = 0, for g decreasing with g(lo) > 0 >= g(hi): ``steps``
+    bisections, then the secant through g at the final bracket's ends. Where g is smooth in the
+    bracket the secant leaves an error of the order of the bracket squared; at a kink or a jump, at
+    most the bracket, 2^-steps of the first."""
+    lo, hi = np.broadcast_arrays(np.asarray(lo, dtype=float), np.asarray(hi, dtype=float))
+    for _ in range(steps):
+        x = (lo + hi) / 2
+        above = g(x) > 0
+        lo, hi = np.where(above, x, lo), np.where(above, hi, x)
+    g_lo, g_hi = g(lo), g(hi)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = g_lo / (g_lo - g_hi)
+    share = np.where(np.isfinite(share), np.clip(share, 0.0, 1.0), 0.5)
+    return lo + share * (hi - lo)
+
+
 ATTAINMENT_LEVELS = np.array([0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999])
 """Percentile levels at which the TTFT distribution is tabulated for joint attainment."""
 

@@ -179,7 +179,6 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     life = w.osl.mean * tpot
     service = PrefillService(work_s, work_s**2 * (1 + cv2), s_q)  # type: ignore[arg-type]
     busy = None if queued_s is None else s_mean
-    wq, wp = step_wait(lam, service, t_d, p, batched, busy, ca2=w.arrival_cv**2)
     own_mean, own_p = s_mean, s_q
     if queued_s is not None:
         pw = np.clip(lam * s_mean, 0.0, 1.0)
@@ -190,8 +189,10 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     slots = SlotQueue.of(lam, batch, limit, hold, w.osl.cv**2 + life_cv2, w.osl.mean * slope,
                          own_mean + w.osl.mean * tpot_full, ca2=w.arrival_cv**2)
     aq, ap = slots.mean_s, slots.quantile_s(p)
-    ttft_mean = wq + aq + own_mean
-    ttft_p = wp + ap + own_p
+    # a prompt waits for its step or, where the slots are taken, for a slot (``with_slot_wait``)
+    wq, wp = step_wait(lam, service, t_d, p, batched, busy, ca2=w.arrival_cv**2, slots=slots)
+    ttft_mean = (1 - slots.wait_probability) * wq + aq + own_mean
+    ttft_p = wp + own_p
     if shared_steps is not None:
         prompt_step = t_d + x_mean * (1 + lam * tpot)
         shared_steps = shared_steps & (lam * prompt_step <= per_step / 2) & (x_mean <= 2 * t_d)
@@ -203,9 +204,9 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     if joint:
         rows = []
         for q in ATTAINMENT_LEVELS:
-            _, wq_q = step_wait(lam, service, t_d, float(q), batched, busy, ca2=w.arrival_cv**2)
+            _, wq_q = step_wait(lam, service, t_d, float(q), batched, busy, ca2=w.arrival_cv**2, slots=slots)
             ap_q = slots.quantile_s(float(q))
-            row = wq_q + ap_q + prompt_s(float(q))
+            row = wq_q + prompt_s(float(q))
             if shared_steps is not None and shared_steps.any():
                 step_q = _step_ttft(lam, t_d, tpot, x_mean, cv2, rho_x, float(q), x_mean * _scale(pm, w, float(q)))[1]
                 row = np.where(shared_steps, step_q + ap_q, row)

@@ -37,12 +37,15 @@ from .base import (
     _erf,
     decode_fixed_point,
     decode_step_at,
+    decreasing_root,
     erlang_c,
     excess_sum,
     first_root,
     gamma_arrival_wait_probability,
+    quantile_table_tail,
     queue_wait,
     tpot_tail,
+    with_slot_wait,
     z_score,
 )
 from .workload import Workload
@@ -139,9 +142,9 @@ def prefill_wait(pre: PoolModel, w: Workload, lam_total, servers, budget_tokens:
     one = PrefillService.of(pre, w, float(levels[0]))
     per_prompt = step / b
     service = PrefillService(per_prompt, one.second_moment_s2 * (per_prompt / one.mean_s) ** 2, one.quantile_s)  # type: ignore[arg-type]
-    waits = [queue_wait(lam_total, service, c, float(q), ca2=w.arrival_cv**2) for q in levels]
-    fifo_mean = waits[0][0] + step
-    fifo_q = np.stack([wp for _, wp in waits], axis=-1) + step[..., None]
+    fifo_wq, fifo_wp = queue_wait(lam_total, service, c, levels, ca2=w.arrival_cv**2)
+    fifo_mean = fifo_wq + step
+    fifo_q = fifo_wp + step[..., None]
     if bulk_share == 0:
         return fifo_mean, fifo_q, busy, step
     bulk_mean, bulk_q = _bulk_wait(pre, w, lam, c, budget_tokens, levels, busy)
@@ -168,6 +171,10 @@ def _step_line(pre: PoolModel, w: Workload, budget_tokens: int) -> tuple[float, 
     tau = float((table[-1] - t1) / (grid[-1] - 1)) if grid[-1] > 1 else t1
     return most, t1, min(tau, t1)
 
+
+TAIL_LEVELS = np.array([0.1, 0.3, 0.5, 0.7, 0.9, 0.97, 0.999])
+"""Levels at which a decode instance's time before its slot wait is tabulated, for the quantile of
+the two together."""
 
 CHAIN_STATES = 64
 """Most states of ``step_chain``: batches 1 ... most prompts on a grid of at most this many points."""
@@ -341,11 +348,7 @@ def _bulk_wait(pre: PoolModel, w: Workload, lam, c, budget_tokens: int, levels, 
     lo = np.zeros(lv.shape)
     hi = np.broadcast_to((t1 + 4 * sd_own + np.asarray(f.gamma_quantile_wh(k_g=kg, theta_g=thg, z=4.0), dtype=float)
                           * 2)[..., None], lv.shape).copy()
-    for _ in range(BISECTION_STEPS + 6):
-        x = (lo + hi) / 2
-        below = cdf(x) < lv
-        lo, hi = np.where(below, x, lo), np.where(below, hi, x)
-    q = (lo + hi) / 2
+    q = decreasing_root(lambda x: lv - cdf(x), lo, hi, BISECTION_STEPS + 4)
     return np.where(stable, mean, np.inf), np.where(stable[..., None], q, np.inf)
 
 
@@ -362,8 +365,7 @@ def prefill_time(pre: PoolModel, w: Workload, lam_total, servers, budget_tokens:
         return hit
     mean, q, busy, _ = prefill_wait(pre, w, lam_total, servers, budget_tokens, levels)
     # bulk steps already carry the prompts' spread in their length; a FIFO prompt's own length adds
-    own = (1 - _bulk_share(w, budget_tokens)) * np.array([
-        PrefillService.of(pre, w, float(x)).quantile_s - PrefillService.of(pre, w, float(x)).mean_s for x in levels])
+    own = (1 - _bulk_share(w, budget_tokens)) * PrefillService.excess_s(pre, w, levels)
     finite = np.isfinite(q)
     with np.errstate(invalid="ignore"):
         q = np.where(finite, mean[..., None] + excess_sum(np.where(finite, q - mean[..., None], 0.0), own), np.inf)
@@ -425,17 +427,26 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
         pre, t_visible = pre.held(t_kv), 0.0
     c = d.prefill.engines
     levels = np.array([p, *ATTAINMENT_LEVELS]) if joint else np.array([p])
-    prefill_mean, prefill_q, rho_prefill = prefill_time(pre, w, lam, c, d.max_batched_tokens, levels)
-
     lam_d = lam / d.decode.engines
     limit = dec.batch_limit(w)
     batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap, slots = _decode_side(dec, w, lam_d, p)
+    # where requests wait for a decode slot, that wait follows the prefill, the move and the step in
+    # progress: the quantile of the sum (``with_slot_wait``), from that time's quantiles at TAIL_LEVELS
+    tabulate = bool(np.any(slots.matters(float(levels.min()))))
+    asked = np.concatenate([levels, TAIL_LEVELS]) if tabulate else levels
+    prefill_mean, prefill_q, rho_prefill = prefill_time(pre, w, lam, c, d.max_batched_tokens, asked)
+    before_tail, before_far = None, None
+    if tabulate:
+        before_q = prefill_q[..., levels.size:] + t_visible + TAIL_LEVELS * np.asarray(t_d)[..., None]
+        before_tail, before_far = quantile_table_tail(before_q, TAIL_LEVELS), before_q[..., -1]
 
     def ttft_at(i: int, q: float) -> np.ndarray:
-        """The q-quantile of TTFT: the prefill, the KV move, a decode slot, and the decode
-        instance's next step."""
-        ap_q = ap if q == p else slots.quantile_s(q)
-        return prefill_q[..., i] + t_visible + ap_q + q * t_d
+        """The q-quantile of TTFT: the prefill, the KV move, the decode instance's next step, and
+        a decode slot."""
+        alone = prefill_q[..., i] + t_visible + q * t_d
+        if before_tail is None:
+            return alone
+        return with_slot_wait(q, before_tail, before_far, alone, slots, prefill_mean + t_visible + t_d / 2)
 
     ttft_p = ttft_at(0, p)
     ttft_mean = prefill_mean + t_visible + aq + t_d / 2
