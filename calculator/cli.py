@@ -1360,6 +1360,12 @@ def validate(
                                                              "python if present, else this Python)")] = None,
     requests: Annotated[int | None, typer.Option(min=10, max=5000, help="--serving: requests per load point "
                                                  "(default 200; 60 with --quick)")] = None,
+    models: Annotated[str | None, typer.Option(help="measure these models instead (comma-separated): bench model "
+                                                    "ids or catalog llama/qwen2 models, random weights")] = None,
+    gpu: Annotated[str | None, typer.Option(help="also predict every point on this catalog GPU entry as shipped "
+                                                 "and report that error")] = None,
+    cuda_graphs: Annotated[bool, typer.Option(help="time CUDA decode steps as CUDA-graph replays, as engines "
+                                                   "run decode")] = True,
 ) -> None:
     """Run the torch microbenchmark: measure a real transformer, calibrate, report held-out error
     (a progress bar with the time left on stderr). With --serving: drive a real engine with streaming
@@ -1378,7 +1384,9 @@ def validate(
 
     try:
         with _ProgressBar() as bar:
-            report = microbench.run(quick=quick, device=device, out_dir=None, seed=seed, progress=bar)
+            report = microbench.run(quick=quick, device=device, out_dir=None, seed=seed, progress=bar,
+                                    models=None if models is None else [x.strip() for x in models.split(",") if x.strip()],
+                                    cuda_graphs=cuda_graphs, reference_gpu=gpu)
     except microbench.TorchMissingError as e:
         raise CliFailure(EXIT_INPUT, str(e)) from None
     except RuntimeError as e:

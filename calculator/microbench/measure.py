@@ -6,6 +6,12 @@ prompt of ``context`` tokens is prefilled into a StaticCache, which is replicate
 (``reorder_cache``, as beam search does) and then updated in place, as a serving engine's paged
 cache is (DynamicCache appends with torch.cat, copying the whole cache every step); consecutive
 one-token steps are timed, so a point's context is that of its middle timed step.
+
+On CUDA a decode step is captured once per point as a CUDA graph and replayed, as serving engines run
+decode (vLLM, SGLang and TensorRT-LLM all capture it), so the timing is the GPU's and not transformers'
+eager Python dispatch. The step is capturable: the cache's write position and the step's position ids are
+device tensors (``StaticLayer.cumulative_length``), and nothing in the forward reads a tensor back to the
+host. Should a capture fail anyway, the run times eager steps from then on and the report says why.
 """
 
 from __future__ import annotations
@@ -95,10 +101,15 @@ def _kv_check(m: ModelSpec, dtype: str, cache: Any, cache_name: str, batch: int,
 class ModelBench:
     """One benchmark model loaded on the device, swept over its grid (possibly several times)."""
 
-    def __init__(self, m: ModelSpec, grid: Grid, device: str, dtype: str, seed: int) -> None:
+    GRAPH_WARMUP = 2
+    """Eager steps on a side stream before a capture (allocator and lazy state settle, as torch's docs ask)."""
+
+    def __init__(self, m: ModelSpec, grid: Grid, device: str, dtype: str, seed: int, cuda_graphs: bool = False) -> None:
         import torch
 
         self.m, self.grid, self.device, self.dtype = m, grid, device, dtype
+        self.cuda_graphs = cuda_graphs and device == "cuda"
+        self.graph_failure: str | None = None  # why a capture failed (then every later step runs eager)
         self.model = build_model(m, dtype, device, seed)
         self.param_check = ParamCheck(model=m.id, hf_params=sum(p.numel() for p in self.model.parameters()),
                                       predicted_params=param_count(m))
@@ -112,6 +123,25 @@ class ModelBench:
         self._bases: dict[int, Any] = {}  # decode context -> prefilled one-sequence StaticCache
         with torch.inference_mode():
             self._forward(self.prompt(1, 16))  # first call: lazy initialisation
+            if self.cuda_graphs:
+                self._trial_capture()
+
+    def _trial_capture(self) -> None:
+        """Capture one decode step before any point is timed, past a sliding window where the model has one (a full
+        window takes another path through transformers' cache); a failure turns graphs off for this model."""
+        import torch
+
+        context = (self.m.sliding_window or 0) + 16 if self.m.num_sliding_layers else 16
+        cache = _static_cache(self.model, context + self.GRAPH_WARMUP + 1, 1, self.device, self.tdtype)
+        self._forward(self.prompt(1, context), cache)
+        try:
+            self._captured(self.prompt(1, 1), cache)
+        except Exception as e:  # noqa: BLE001 - any capture failure: this model's decode runs eager
+            self.graph_failure = f"{type(e).__name__}: {e}"[:300]
+            self.cuda_graphs = False
+        finally:
+            del cache
+            torch.cuda.synchronize()
 
     def prompt(self, batch: int, tokens: int) -> Any:
         import torch
@@ -152,22 +182,55 @@ class ModelBench:
                 samples = guard.measure(lambda context=context, batch=batch: self._decode_step(context, batch),
                                         self.steps_warmup, self.steps, self.device)
                 # the median sample is taken as the middle step's, which holds this many cached tokens
-                middle = context + self.steps_warmup + (self.steps - 1) // 2
+                middle = context + self.lead_steps + self.steps_warmup + (self.steps - 1) // 2
                 self.samples.setdefault(("decode", middle, i, j), []).append(samples)
 
+    @property
+    def lead_steps(self) -> int:
+        """Steps a point's cache takes before its warm-up: the capture's side-stream steps (CUDA graphs)."""
+        return self.GRAPH_WARMUP if self.cuda_graphs else 0
+
     def _decode_step(self, context: int, batch: int) -> Any:
-        """A fresh cache of ``batch`` copies of one prefilled ``context``-token prompt, and one decode step on it."""
+        """A fresh cache of ``batch`` copies of one prefilled ``context``-token prompt, and one decode step on it
+        (a CUDA graph's replay where graphs are on)."""
         import torch
 
         if context not in self._bases:
-            base = _static_cache(self.model, context + self.steps_warmup + self.steps, 1, self.device, self.tdtype)
+            length = context + self.GRAPH_WARMUP + self.steps_warmup + self.steps  # room for every step
+            base = _static_cache(self.model, length, 1, self.device, self.tdtype)
             self._forward(self.prompt(1, context), base)
             self._bases[context] = base
         cache = copy.deepcopy(self._bases[context])
         if batch > 1:
             cache.reorder_cache(torch.zeros(batch, dtype=torch.long, device=self.device))
         token = self.prompt(batch, 1)
+        if self.cuda_graphs:
+            try:
+                return self._captured(token, cache)
+            except Exception as e:  # noqa: BLE001 - any capture failure: time eager steps, and say why
+                self.graph_failure = f"{type(e).__name__}: {e}"[:300]
+                self.cuda_graphs = False
+                torch.cuda.synchronize()
+                cache = copy.deepcopy(self._bases[context])  # the failed capture's steps may have written to it
+                if batch > 1:
+                    cache.reorder_cache(torch.zeros(batch, dtype=torch.long, device=self.device))
         return lambda: self._forward(token, cache, last_only=False)
+
+    def _captured(self, token: Any, cache: Any) -> Any:
+        """``graph.replay`` of one decode step on ``cache``, captured after ``GRAPH_WARMUP`` eager steps on a side
+        stream; each replay writes the next cache slot (the write position is a device tensor the step advances)."""
+        import torch
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(self.GRAPH_WARMUP):
+                self._forward(token, cache, last_only=False)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._forward(token, cache, last_only=False)
+        return graph.replay
 
     def measurements(self) -> list[Measurement]:
         grid = self.grid

@@ -8,7 +8,7 @@ weights (90-800 MB) are far larger than the caches, so decode is a real memory-b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from hardware_db.schema import ModelSpec
@@ -95,6 +95,55 @@ GRIDS: dict[tuple[Literal["cpu", "cuda"], bool], Grid] = {
 }
 
 
+CATALOG_GRID = Grid(
+    models=(),  # the catalog models a run names
+    prefill_tokens=(128, 512, 2048, 8192), prefill_batches=(1, 4), max_prefill_tokens=8192,
+    decode_contexts=(256, 1024, 4096), decode_batches=(1, 8, 32, 128), max_decode_tokens=32768,
+    warmup=2, repeats=5, sweeps=2, matmul_sizes=(2048, 4096, 8192), copy_bytes=4 * 2**30,
+)
+"""The CUDA grid for catalog models (7-13B on one GPU): fewer, larger points than the bench models' grid,
+since an 8k-token forward of a 13B model takes ~0.3 s; at most 32,768 cached tokens (27 GB of Llama-2-13B's
+KV) beside the weights of every model the run holds at once."""
+
+
+def resolve_models(names: tuple[str, ...] | list[str]) -> list[ModelSpec]:
+    """The ModelSpecs named: bench models by id, else catalog models (``hardware_db``) that the benchmark can
+    build (llama and qwen2 decoders); ``InputError`` naming ``models`` otherwise."""
+    from hardware_db.loader import load_model
+
+    from ..errors import InputError
+
+    if not names:
+        raise InputError("models", "name at least one model")
+    specs: list[ModelSpec] = []
+    for name in names:
+        m = BENCH_MODELS.get(name)
+        if m is None:
+            try:
+                m = load_model(name)
+            except InputError as e:  # unknown or ambiguous id: the message names the closest ids
+                raise InputError("models", f"{name!r}: {e}") from None
+        try:
+            check_buildable(m)
+        except ValueError as e:
+            raise InputError("models", str(e)) from None
+        if m.id in {s.id for s in specs}:
+            raise InputError("models", f"{m.id} is named twice")
+        specs.append(m)
+    return specs
+
+
+def grid_for(device: Literal["cpu", "cuda"], quick: bool, models: list[ModelSpec] | None = None) -> Grid:
+    """The grid of a run: the device's own (``GRIDS``) for its bench models; on CUDA ``CATALOG_GRID`` once a
+    catalog model is named (a CPU keeps its grid: a catalog model there is the user's choice of a long run)."""
+    grid = GRIDS[(device, quick)]
+    if models is None:
+        return grid
+    if device == "cuda" and any(m.id not in BENCH_MODELS for m in models):
+        grid = CATALOG_GRID
+    return replace(grid, models=tuple(m.id for m in models))
+
+
 def split_of(model_index: int, tokens_index: int, batch_index: int) -> Literal["fit", "held_out"]:
     """Checkerboard over each model's grid (shifted per model): neighbours of a held-out point are fitted."""
     return "fit" if (model_index + tokens_index + batch_index) % 2 == 0 else "held_out"
@@ -106,17 +155,8 @@ def layer_types(m: ModelSpec) -> list[str]:
     return ["full_attention" if i < full else "sliding_attention" for i in range(m.num_layers)]
 
 
-def hf_config(m: ModelSpec, attn_implementation: str = "sdpa") -> Any:
-    """A transformers config with exactly the ModelSpec's shapes (``llama`` or ``qwen2`` families)."""
-    import transformers
-
-    common: dict[str, Any] = {
-        "vocab_size": m.vocab_size, "hidden_size": m.hidden_size, "intermediate_size": m.intermediate_size,
-        "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_attention_heads,
-        "num_key_value_heads": m.num_kv_heads, "max_position_embeddings": m.max_position_embeddings,
-        "tie_word_embeddings": m.tie_word_embeddings, "hidden_act": "silu", "rms_norm_eps": 1e-5,
-        "attn_implementation": attn_implementation,
-    }
+def check_buildable(m: ModelSpec) -> None:
+    """``ValueError`` unless the benchmark can build ``m`` with transformers' llama or qwen2 classes."""
     unsupported = [name for name, bad in (
         ("moe", m.moe is not None), ("mla", m.mla is not None), ("qk_norm", m.qk_norm), ("sinks", m.attention_sinks),
         ("plain MLP", not m.gated_mlp), ("mlp_bias", m.mlp_bias), ("layernorm", m.norm != "rmsnorm"),
@@ -129,15 +169,31 @@ def hf_config(m: ModelSpec, attn_implementation: str = "sdpa") -> Any:
             raise ValueError(f"{m.id}: a llama config has no sliding-window layers; use family qwen2")
         if m.qkv_bias != m.o_bias:
             raise ValueError(f"{m.id}: llama's attention_bias sets q/k/v and o biases together")
-        return transformers.LlamaConfig(head_dim=m.head_dim, attention_bias=m.qkv_bias, mlp_bias=False, **common)
-    if m.family == "qwen2":
+    elif m.family == "qwen2":
         if not m.qkv_bias or m.o_bias:
             raise ValueError(f"{m.id}: qwen2 has q/k/v biases and no o bias")
         if m.head_dim * m.num_attention_heads != m.hidden_size:
             raise ValueError(f"{m.id}: qwen2 derives head_dim = hidden / heads")
-        window = m.sliding_window if m.num_sliding_layers else None
-        return transformers.Qwen2Config(
-            use_sliding_window=window is not None, sliding_window=window,
-            max_window_layers=m.num_layers - m.num_sliding_layers, layer_types=layer_types(m), **common,
-        )
-    raise ValueError(f"{m.id}: family {m.family!r} is not one the benchmark builds (llama, qwen2)")
+    else:
+        raise ValueError(f"{m.id}: family {m.family!r} is not one the benchmark builds (llama, qwen2)")
+
+
+def hf_config(m: ModelSpec, attn_implementation: str = "sdpa") -> Any:
+    """A transformers config with exactly the ModelSpec's shapes (``llama`` or ``qwen2`` families)."""
+    import transformers
+
+    check_buildable(m)
+    common: dict[str, Any] = {
+        "vocab_size": m.vocab_size, "hidden_size": m.hidden_size, "intermediate_size": m.intermediate_size,
+        "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_attention_heads,
+        "num_key_value_heads": m.num_kv_heads, "max_position_embeddings": m.max_position_embeddings,
+        "tie_word_embeddings": m.tie_word_embeddings, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+        "attn_implementation": attn_implementation,
+    }
+    if m.family == "llama":
+        return transformers.LlamaConfig(head_dim=m.head_dim, attention_bias=m.qkv_bias, mlp_bias=False, **common)
+    window = m.sliding_window if m.num_sliding_layers else None
+    return transformers.Qwen2Config(
+        use_sliding_window=window is not None, sliding_window=window,
+        max_window_layers=m.num_layers - m.num_sliding_layers, layer_types=layer_types(m), **common,
+    )

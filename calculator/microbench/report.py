@@ -48,6 +48,34 @@ def write_hardware_file(report: ValidationReport, path: Path) -> Path:
     return Path(path)
 
 
+def _what(r: ValidationReport) -> str:
+    """What sets the run apart from the device's default grid, for the title: its models and how decode was timed."""
+    from .models import GRIDS
+
+    ids = tuple(m.id for m in r.models)
+    parts = [] if ids == GRIDS[(r.ceilings.device, r.quick)].models else [", ".join(ids)]
+    if r.ceilings.device == "cuda":
+        parts.append("decode as CUDA-graph replays" if r.decode_timing == "cuda_graph" else "eager decode")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _flags(r: ValidationReport) -> str:
+    """The command-line flags that measure this report's grid again."""
+    from .models import GRIDS
+
+    c = r.ceilings
+    ids = tuple(m.id for m in r.models)
+    flags = [" --quick"] if r.quick else []
+    flags.append(f" --device {c.device}")
+    if ids != GRIDS[(c.device, r.quick)].models:
+        flags.append(f" --models {','.join(ids)}")
+    if c.device == "cuda" and r.decode_timing == "eager" and not any("could not be captured" in n for n in r.notes):
+        flags.append(" --no-cuda-graphs")
+    if r.reference is not None:
+        flags.append(f" --gpu {r.reference.gpu}")
+    return "".join(flags)
+
+
 def _ms(t: float) -> str:
     return f"{t * 1e3:.1f}" if t >= 0.01 else f"{t * 1e3:.2f}"
 
@@ -60,7 +88,7 @@ def markdown(r: ValidationReport, plot: str = "plot.png") -> str:
     c, eff = r.ceilings, r.efficiency
     mode = "quick" if r.quick else "full"
     lines = [
-        f"# pdplan microbenchmark: {c.device_name}, {r.date}",
+        f"# pdplan microbenchmark: {c.device_name}, {r.date}{_what(r)}",
         "",
         f"- Device: **{c.device}**, {c.device_name}"
         + (f", {c.threads} torch threads" if c.device == "cpu" else "") + f"; models run in {c.dtype}",
@@ -68,8 +96,7 @@ def markdown(r: ValidationReport, plot: str = "plot.png") -> str:
         f"- Date: {r.date}; grid: {mode}; seed {r.seed}; wall time {r.wall_s:.0f} s",
         (f"- Software: torch {r.versions.get('torch')}, transformers {r.versions.get('transformers')}, "
         f"Python {r.versions.get('python')}, pdplan {r.versions.get('pdplan')}"),
-        (f"- Reproduce: `pdplan validate{' --quick' if r.quick else ''} --device {c.device} --out DIR` "
-        f"(or `python -m calculator.microbench{' --quick' if r.quick else ''} --device {c.device} --out DIR`)"),
+        f"- Reproduce: `pdplan validate{_flags(r)} --out DIR` (or `python -m calculator.microbench{_flags(r)} --out DIR`)",
         *([f"- **Warning**: {r.stalls.summary}"] if r.stalls is not None and r.stalls.busy else []),
         "",
         "## Held-out error",
@@ -96,16 +123,20 @@ def markdown(r: ValidationReport, plot: str = "plot.png") -> str:
             e = r.error(ph, sub)
             lines.append(f"| {ph} | {label} | {e.n} | {_pct(e.median_abs_rel_error)} | {_pct(e.max_abs_rel_error)} | "
                          f"{e.worst} |")
+    if r.reference is not None:
+        lines += ["", *_reference_section(r)]
     lines += [
         "",
         f"![predicted vs measured; latency against prompt length, batch and context]({plot})",
         "",
         "## Fitted constants",
         "",
-        "| compute efficiency η_c | memory efficiency η_m | kernel latency | step overhead | fit points | rms relative error on them |",
-        "|---|---|---|---|---|---|",
+        "| compute efficiency η_c | memory efficiency η_m | kernel latency | step overhead | cost per sequence | "
+        "decode attention share | decode graph launch share | fit points | rms relative error on them |",
+        "|---|---|---|---|---|---|---|---|---|",
         (f"| {eff.compute:.3f} | {eff.memory:.3f} | {eff.kernel_latency_us:.1f} µs | {eff.step_overhead_us:.0f} µs | "
-        f"{r.fit.n_points} | {_pct(r.fit.rms_rel_error)} |"),
+         f"{eff.sequence_overhead_us:.1f} µs | {eff.decode_attention:.3g} | {eff.decode_graph_launch:.3g} | "
+         f"{r.fit.n_points} | {_pct(r.fit.rms_rel_error)} |"),
         "",
         f"Method: {r.fit.method}. Link efficiency and collective latency are not fitted (one device).",
         "",
@@ -165,17 +196,46 @@ def markdown(r: ValidationReport, plot: str = "plot.png") -> str:
          "place (as a paged serving cache is; DynamicCache would re-copy the whole cache every step), consecutive "
          "one-token steps timed; a decode point's context is that of the middle timed step. Each point: warm-up, "
          f"then the median of its repeats; the grid is swept {sweeps} times and a point keeps its least disturbed "
-         "sweep. CUDA times use events after synchronisation."),
+         "sweep. CUDA times use events after synchronisation."
+         + (" Decode steps are CUDA-graph replays: each point's step is captured once (after two eager steps on a "
+            "side stream) and replayed, as serving engines run decode, so transformers' Python dispatch is not "
+            "in the decode times; prefill runs eager." if r.decode_timing == "cuda_graph" else "")),
         "",
         "## All points",
         "",
-        "| model | phase | batch | tokens | split | measured ms | predicted ms | error | bound | bare ceilings ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | phase | batch | tokens | split | measured ms | predicted ms | error | bound | bare ceilings ms |"
+        + (f" {r.reference.gpu} as shipped ms | error |" if r.reference else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if r.reference else ""),
     ]
-    for p in r.points:
+    shipped = r.reference.predicted_s if r.reference else (None,) * len(r.points)
+    for p, t in zip(r.points, shipped, strict=True):
         lines.append(f"| {p.model} | {p.phase} | {p.batch} | {p.tokens} | {p.split.replace('_', '-')} | "
-                     f"{_ms(p.measured_s)} | {_ms(p.predicted_s)} | {p.rel_error:+.1%} | {p.bound} | {_ms(p.ceiling_s)} |")
+                     f"{_ms(p.measured_s)} | {_ms(p.predicted_s)} | {p.rel_error:+.1%} | {p.bound} | {_ms(p.ceiling_s)} |"
+                     + ("" if t is None else f" {_ms(t)} | {t / p.measured_s - 1:+.1%} |"))
     return "\n".join(lines) + "\n"
+
+
+def _reference_section(r: ValidationReport) -> list[str]:
+    """The run against a catalog GPU entry as shipped (datasheet peaks, default efficiencies)."""
+    ref, c = r.reference, r.ceilings
+    assert ref is not None
+    lines = [
+        f"## Error of the catalog entry `{ref.gpu}` as shipped",
+        "",
+        (f"Every point predicted by `calculator.estimate` on {ref.gpu_name} from the database, with the "
+         f"{'entry' if ref.engine == 'generic' else ref.engine + ' profile'}'s own efficiencies: nothing here is "
+         "fitted to this run. This is the error a planner user gets without calibrating. The measured ceilings are "
+         f"{c.matmul_flops_per_s / ref.peak_flops_per_s:.0%} of the entry's {c.dtype} peak "
+         f"({ref.peak_flops_per_s / 1e12:.0f} TFLOP/s) and {c.memory_bytes_per_s / ref.memory_bytes_per_s:.0%} of its "
+         f"memory bandwidth ({ref.memory_bytes_per_s / 1e12:.2f} TB/s)."),
+        "",
+        "| phase | points | median \\|pred/meas − 1\\| | median signed | max | worst point |",
+        "|---|---|---|---|---|---|",
+    ]
+    for e in ref.errors:
+        lines.append(f"| {e.phase} | {e.n} | {_pct(e.median_abs_rel_error)} | {e.median_rel_error:+.1%} | "
+                     f"{_pct(e.max_abs_rel_error)} | {e.worst} |")
+    return lines
 
 
 def _curve_s(r: ValidationReport, model_id: str, phase: str, tokens: np.ndarray, batch: np.ndarray) -> np.ndarray:

@@ -173,6 +173,33 @@ class FitResult(_Out):
     method: str
 
 
+class CatalogPhaseError(_Out):
+    """|predicted / measured - 1| of one phase when every point is predicted on a catalog GPU entry as shipped:
+    its datasheet peaks and default efficiencies, nothing fitted to this run."""
+
+    phase: Phase
+    n: int
+    median_abs_rel_error: float
+    max_abs_rel_error: float
+    median_rel_error: float = Field(description="signed: below 0 the catalog entry predicts faster than measured")
+    worst: str
+
+
+class CatalogReference(_Out):
+    """The measured run against a catalog GPU (``pdplan validate --gpu ID``): what a planner user gets untuned."""
+
+    gpu: str = Field(description="the catalog GPU id")
+    gpu_name: str
+    engine: str = Field(description="the engine profile whose efficiencies were used (generic: the GPU entry's own)")
+    peak_flops_per_s: float = Field(description="the entry's dense peak in the run's precision")
+    memory_bytes_per_s: float = Field(description="the entry's memory bandwidth")
+    predicted_s: tuple[float, ...] = Field(description="per point, in the order of ValidationReport.points")
+    errors: tuple[CatalogPhaseError, ...]
+
+    def error(self, phase: Phase) -> CatalogPhaseError:
+        return next(e for e in self.errors if e.phase == phase)
+
+
 class ValidationReport(_Out):
     """Everything one microbenchmark run measured, fitted and predicted."""
 
@@ -190,6 +217,10 @@ class ValidationReport(_Out):
     fit: FitResult
     errors: tuple[PhaseError, ...]
     stalls: Stalls | None = Field(default=None, description="CPU only")
+    decode_timing: Literal["eager", "cuda_graph"] = Field(
+        default="eager", description="how decode steps were timed: transformers' eager forward, or the replay of "
+                                     "a CUDA graph of it (as serving engines run decode)")
+    reference: CatalogReference | None = Field(default=None, description="every point predicted on a catalog GPU entry")
     notes: tuple[str, ...] = ()
 
     @property

@@ -18,8 +18,10 @@ from hardware_db.schema import Efficiency, GPUSpec, ModelSpec
 
 from .ceilings import best_of, device_spec, measure_ceilings, model_dtype
 from .fit import CEILING, Design, design, fit_efficiency, predict_point_s
-from .models import BENCH_MODELS, GRIDS, split_of
+from .models import BENCH_MODELS, grid_for, resolve_models, split_of
 from .results import (
+    CatalogPhaseError,
+    CatalogReference,
     Ceilings,
     FitResult,
     KVCheck,
@@ -79,13 +81,21 @@ def _version(pkg: str) -> str:
 
 
 def run(quick: bool = False, device: str = "cpu", out_dir: Path | None = None, seed: int = 0,
-        threads: int | None = None, progress: Progress | None = None) -> ValidationReport:
+        threads: int | None = None, progress: Progress | None = None, models: list[str] | None = None,
+        cuda_graphs: bool = True, reference_gpu: str | None = None, engine: str = "generic") -> ValidationReport:
     """Measure ceilings and the benchmark models on ``device``, fit, predict, and (with ``out_dir``) write outputs.
 
     ``device`` is ``cpu``, ``cuda`` or ``auto`` (cuda when available). ``quick`` runs the reduced grid
-    (under a minute on a 2-core CPU). ``progress`` hears of each step (see ``Progress``). Raises
-    ``TorchMissingError`` without torch/transformers.
+    (under a minute on a 2-core CPU). ``models`` replaces the grid's models: bench model ids or catalog
+    llama/qwen2 models (random weights of their exact shapes; on CUDA they take ``CATALOG_GRID``).
+    ``cuda_graphs`` times CUDA decode steps as graph replays (as serving engines run decode).
+    ``reference_gpu`` (a catalog GPU id) also predicts every point on that entry as shipped, with ``engine``'s
+    efficiencies. ``progress`` hears of each step (see ``Progress``). Raises ``TorchMissingError`` without
+    torch/transformers and ``InputError`` naming a bad argument.
     """
+    specs = None if models is None else resolve_models(models)
+    if reference_gpu is not None:
+        reference_spec(reference_gpu, engine)  # a bad id fails before anything is measured
     require_torch()
     import torch
 
@@ -98,12 +108,20 @@ def run(quick: bool = False, device: str = "cpu", out_dir: Path | None = None, s
         raise ValueError(f"device: must be cpu, cuda or auto, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device: cuda was asked for but torch sees no CUDA device")
+    if reference_gpu is not None:
+        dtype = model_dtype(device)
+        if getattr(reference_spec(reference_gpu, engine).peak_tflops, dtype, None) is None:
+            from ..errors import InputError
+
+            raise InputError("gpu", f"{reference_gpu} has no {dtype} peak in the database, and this {device} runs "
+                                    f"the models in {dtype}")
+    if specs is not None:
+        _check_memory(specs, device)
     n_threads = threads or _threads()
     if device == "cpu":
         torch.set_num_threads(n_threads)
-    grid = GRIDS[(device, quick)]  # type: ignore[index]
-
-    models = [BENCH_MODELS[name] for name in grid.models]
+    grid = grid_for(device, quick, specs)  # type: ignore[arg-type]
+    models = specs or [BENCH_MODELS[name] for name in grid.models]
     points = len(grid.prefill_points()) + len(grid.decode_points())
     ceiling = len(grid.matmul_sizes) + 1
     total, done = 2 * ceiling + len(models) * (1 + grid.sweeps * points) + 1, 0
@@ -123,16 +141,25 @@ def run(quick: bool = False, device: str = "cpu", out_dir: Path | None = None, s
     benches = []
     for m in models:
         begin(f"building {m.id}")
-        benches.append(ModelBench(m, grid, device, ceilings.dtype, seed))
+        benches.append(ModelBench(m, grid, device, ceilings.dtype, seed, cuda_graphs=cuda_graphs))
         end(1)
+    if any(b.graph_failure for b in benches):  # one way of timing decode for every model: one fit covers them
+        for bench in benches:
+            bench.cuda_graphs = False
     for sweep in range(grid.sweeps):  # whole-grid sweeps, so that a stall of the machine hits one sweep of a point
         for bench in benches:
             begin(f"sweep {sweep + 1}/{grid.sweeps} of {bench.m.id}")
             bench.sweep(guard, check_kv=sweep == 0)
             end(points)
     measurements = [x for b in benches for x in b.measurements()]
+    if out_dir is not None:  # the raw timings first: an analysis that fails leaves them for reanalysis
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        Path(out_dir, "measurements.json").write_text(
+            "[\n" + ",\n".join(x.model_dump_json() for x in measurements) + "\n]\n", encoding="utf-8")
     kv_checks = [k for b in benches for k in b.kv_checks]
     param_checks = [b.param_check for b in benches]
+    graph_failures = [f"{b.m.id}: {b.graph_failure}" for b in benches if b.graph_failure]
+    graphed = device == "cuda" and cuda_graphs and not graph_failures
     for bench in benches:
         bench.close()
     # the ceilings again, after the models: a stall during the first measurement cannot lower them
@@ -146,8 +173,11 @@ def run(quick: bool = False, device: str = "cpu", out_dir: Path | None = None, s
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 "transformers": _version("transformers"), "pdplan": _version("pdplan")}
     report = analyse(ceilings, models, measurements, kv_checks, param_checks, quick=quick, seed=seed,
-                     date=dt.date.today().isoformat(), versions=versions, stalls=stalls)
-    report = report.model_copy(update={"wall_s": time.perf_counter() - t0})
+                     date=dt.date.today().isoformat(), versions=versions, stalls=stalls,
+                     decode_timing="cuda_graph" if graphed else "eager", reference_gpu=reference_gpu, engine=engine)
+    notes = tuple(f"a CUDA graph of a decode step could not be captured, so every model's decode steps were timed "
+                  f"eager from then on ({f})" for f in graph_failures)
+    report = report.model_copy(update={"wall_s": time.perf_counter() - t0, "notes": report.notes + notes})
     end(1)
     begin("done")
     if out_dir is not None:
@@ -160,7 +190,8 @@ def run(quick: bool = False, device: str = "cpu", out_dir: Path | None = None, s
 def analyse(
     ceilings: Ceilings, models: list[ModelSpec], measurements: list[Measurement], kv_checks: list[KVCheck],
     param_checks: list[ParamCheck], *, quick: bool, seed: int, date: str, versions: dict[str, str],
-    stalls: Stalls | None = None,
+    stalls: Stalls | None = None, decode_timing: str = "eager", reference_gpu: str | None = None,
+    engine: str = "generic",
 ) -> ValidationReport:
     """Fit the calibration on the fit half of the measurements and predict every point (pure: no torch)."""
     dtype = ceilings.dtype
@@ -173,7 +204,8 @@ def analyse(
                        for r in measurements])
     fit_rows = np.array([s == "fit" for s in splits])
     fitted_on = f"calculator.microbench on {ceilings.device_name}, {date}: {int(fit_rows.sum())} points (fit half)"
-    fit = fit_efficiency(d.take(fit_rows), measured[fit_rows], fitted_on=fitted_on)
+    options = fit_options(ceilings.device, decode_timing)
+    fit = fit_efficiency(d.take(fit_rows), measured[fit_rows], fitted_on=fitted_on, **options)
     eff = fit.efficiency
     spec = device_spec(ceilings, eff, date=date)
 
@@ -190,25 +222,106 @@ def analyse(
                             bound=bound))
     errors = [phase_error(points, phase, subset, by_id, spec, dtype, eff)
               for phase in ("prefill", "decode") for subset in ("held_out", "fit", "all_at_ceilings")]
+    reference = None if reference_gpu is None else catalog_reference(points, by_id, reference_gpu, engine, dtype)
     return ValidationReport(
         date=date, quick=quick, seed=seed, wall_s=0.0, versions=versions, ceilings=ceilings, device_spec=spec,
         models=tuple(models), points=tuple(points), kv_checks=tuple(kv_checks), param_checks=tuple(param_checks),
         fit=FitResult(efficiency=eff, n_points=int(fit_rows.sum()), rms_rel_error=fit.rms_rel_error,
                       method="least squares of the relative errors on the fit half: log grid over (eta_c, eta_m) in "
                              "[1e-3, 1], refined four times around the best cell; closed-form non-negative "
-                             "(kernel latency, step overhead) per cell"),
-        errors=tuple(errors), stalls=stalls,
+                             "(kernel latency, step overhead" + (", cost per sequence" if options["per_sequence"] else "")
+                             + ") per cell" + "".join(f"; {what}" for key, what in FIT_EXTRAS if options[key])),
+        errors=tuple(errors), stalls=stalls, decode_timing=decode_timing, reference=reference,  # type: ignore[arg-type]
         notes=_notes(kv_checks, param_checks, ceilings.device) + ((stalls.summary,) if stalls else ()),
     )
 
 
-def reanalyse(report: ValidationReport) -> ValidationReport:
-    """Fit and predict a saved report's measurements again (e.g. after a change to the model)."""
+def _check_memory(models: list[ModelSpec], device: str) -> None:
+    """``InputError`` naming ``models`` where their weights together pass 80% of the device's memory (a run holds
+    every model at once), before anything is built."""
+    import torch
+
+    from ..errors import InputError
+    from ..params import param_count
+    from ..precision import weight_bytes
+    from .ceilings import ram_bytes
+
+    dtype = model_dtype(device)
+    total = float(torch.cuda.get_device_properties(0).total_memory) if device == "cuda" else ram_bytes()
+    need = sum(param_count(m) for m in models) * weight_bytes(dtype)
+    if need > 0.8 * total:
+        raise InputError("models", f"their weights take {need / 1e9:.1f} GB together in {dtype}, over 80% of this "
+                                   f"{device}'s {total / 1e9:.1f} GB; name fewer or smaller models")
+
+
+FIT_EXTRAS = (
+    ("attention", "the best of 25 decode attention shares (Efficiency.decode_attention, 0.02 to 1): the decode "
+                  "attention kernel's own efficiency"),
+    ("graph", "the best of 9 graph launch shares (Efficiency.decode_graph_launch, 0.02 to 1): the per-kernel latency "
+              "a decode step replayed from a CUDA graph still pays"),
+)
+
+
+def fit_options(device: str, decode_timing: str) -> dict[str, bool]:
+    """Which constants beyond (eta_c, eta_m, kernel latency, step overhead) a run's grid can identify.
+
+    CUDA: the decode attention kernel's share (transformers' decode attention, a masked SDPA over the static cache
+    with GQA's key/value heads repeated, runs far below the weight stream: an H200 run put it at 6% of the
+    bandwidth). Graph replays: also the launch share the replayed steps pay. No cost per sequence: a replay does
+    no host work per sequence (on the H200 catalog run it would have taken 143 us a sequence to stand in for
+    transformers' repeated GQA heads). A CPU grid keeps the four (on the committed CPU record the attention share
+    moved prefill's held-out error 5.2% -> 5.7%, and on a quick run 5.5% -> 13%: two decode contexts do not
+    identify it).
+    """
+    cuda, graphed = device == "cuda", decode_timing == "cuda_graph"
+    return {"attention": cuda, "graph": graphed, "per_sequence": False}
+
+
+def reference_spec(gpu: str, engine: str = "generic") -> GPUSpec:
+    """The catalog GPU entry as a planner user gets it: its datasheet peaks with ``engine``'s efficiencies."""
+    from ..arguments import gpu_spec
+    from ..engines import engine_gpu
+
+    return engine_gpu(gpu_spec(gpu), engine, None)
+
+
+def catalog_reference(points: list[Point], models: dict[str, ModelSpec], gpu: str, engine: str,
+                      dtype: str) -> CatalogReference:
+    """Every point predicted on the catalog entry ``gpu`` with ``engine``'s efficiencies (nothing fitted), and the
+    error of each phase against the measurement."""
+    spec = reference_spec(gpu, engine)
+    predicted = [predict_point_s(models[p.model], spec, p.phase, p.tokens, p.batch, dtype, spec.efficiency)[0]
+                 for p in points]
+    errors = []
+    for phase in ("prefill", "decode"):
+        rows = [(p, t) for p, t in zip(points, predicted, strict=True) if p.phase == phase]
+        if not rows:
+            continue
+        rel = [t / p.measured_s - 1.0 for p, t in rows]
+        k = int(np.argmax(np.abs(rel)))
+        errors.append(CatalogPhaseError(
+            phase=phase, n=len(rows), median_abs_rel_error=float(np.median(np.abs(rel))),  # type: ignore[arg-type]
+            max_abs_rel_error=float(abs(rel[k])), median_rel_error=float(np.median(rel)), worst=rows[k][0].label))
+    return CatalogReference(gpu=spec.id, gpu_name=spec.name, engine=engine,
+                            peak_flops_per_s=float(getattr(spec.peak_tflops, dtype) or 0.0) * 1e12,
+                            memory_bytes_per_s=spec.hbm_bandwidth_tb_s * 1e12, predicted_s=tuple(predicted),
+                            errors=tuple(errors))
+
+
+def reanalyse(report: ValidationReport, reference_gpu: str | None = None, engine: str | None = None) -> ValidationReport:
+    """Fit and predict a saved report's measurements again (e.g. after a change to the model); ``reference_gpu``
+    (default: the report's own) predicts them on a catalog entry too."""
+    if reference_gpu is None and report.reference is not None:
+        reference_gpu = report.reference.gpu
+    if engine is None:
+        engine = report.reference.engine if report.reference is not None else "generic"
     measurements = [Measurement(model=p.model, phase=p.phase, batch=p.batch, tokens=p.tokens, grid_index=p.grid_index,
                                 sweeps_s=p.sweeps_s) for p in report.points]
     new = analyse(report.ceilings, list(report.models), measurements, list(report.kv_checks), list(report.param_checks),
-                  quick=report.quick, seed=report.seed, date=report.date, versions=report.versions, stalls=report.stalls)
-    return new.model_copy(update={"wall_s": report.wall_s})
+                  quick=report.quick, seed=report.seed, date=report.date, versions=report.versions, stalls=report.stalls,
+                  decode_timing=report.decode_timing, reference_gpu=reference_gpu, engine=engine)
+    extra = tuple(n for n in report.notes if n not in new.notes)  # notes of the run itself (a failed capture)
+    return new.model_copy(update={"wall_s": report.wall_s, "notes": new.notes + extra})
 
 
 def phase_error(points: list[Point], phase: str, subset: str, models: dict[str, ModelSpec], device: GPUSpec,
@@ -260,6 +373,11 @@ def explain(p: Point, m: ModelSpec, device: GPUSpec, dtype: str, eff: Efficiency
     if p.phase == "decode" and not under and p.batch == 1 and memory > compute:
         return ("a batch-1 step streams the weights faster than the fitted memory efficiency: the fit lowers eta_m to "
                 "absorb the arithmetic that larger batches do not overlap with the weight stream" + noise)
+    group = m.num_attention_heads // m.num_kv_heads
+    if p.phase == "decode" and under and group > 1 and kv_share > 0.05:
+        return (f"the KV cache is {kv_share:.0%} of the step's bytes as a paged-attention kernel reads it, once per KV "
+                f"head; transformers' SDPA decode with a mask repeats each of the {m.num_kv_heads} KV heads {group} "
+                "times (repeat_kv) before attending, so it streams the cache several times over" + noise)
     if p.phase == "decode" and under and kv_share > 0.15:
         return (f"the KV cache is {kv_share:.0%} of the step's bytes, and attention over it (SDPA with a mask over the "
                 "static cache) runs below the copy bandwidth" + noise)
