@@ -280,10 +280,11 @@ def test_validate_gives_run_a_progress_callback(monkeypatch):
 
     seen = []
 
-    def fake(quick, device, out_dir, seed, progress):
+    def fake(quick, device, out_dir, seed, progress, **options):
         progress(0, 10, "device ceilings")
         progress(4, 10, "sweep 1/2 of bench-llama-s")
         seen.append(progress)
+        assert options == {"models": None, "cuda_graphs": True, "reference_gpu": None}  # the defaults, passed on
         raise mb.TorchMissingError("no torch here")
 
     monkeypatch.setattr(mb, "run", fake)

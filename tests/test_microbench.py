@@ -300,6 +300,12 @@ def test_reanalysis_is_deterministic(quick):
     assert reanalyse(report).efficiency == report.efficiency
 
 
+def test_a_run_attends_with_each_kv_head_read_once(quick):
+    report, out = quick
+    assert report.attention == "pdplan_grouped_sdpa" and not report.repeats_kv
+    assert "attention `pdplan_grouped_sdpa`" in (out / "report.md").read_text()
+
+
 def test_summary_lines(quick):
     report, _ = quick
     text = summary(report)

@@ -256,3 +256,43 @@ def test_models_too_large_for_the_machine_are_refused_before_they_are_built():
     with pytest.raises(InputError, match="name fewer or smaller models") as e:
         run(device="cpu", models=["llama-3.1-8b", "llama-2-13b"])
     assert e.value.field == "models"
+
+
+@pytest.mark.parametrize("model_id", ["bench-llama-m", "bench-qwen2-swa"])
+def test_grouped_attention_computes_what_transformers_sdpa_computes(model_id):
+    """The benchmark's attention packs a one-token step's query heads by KV head instead of repeating the KV heads:
+    the same logits as transformers' own SDPA (prefill, then three decode steps on a static cache)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from calculator.microbench.measure import GROUPED_SDPA, _forward_kwargs, _static_cache, register_attention
+    from calculator.microbench.models import hf_config
+
+    m = BENCH_MODELS[model_id]
+    assert m.num_attention_heads > m.num_kv_heads  # a GQA model: the case that differs
+    cls = transformers.LlamaForCausalLM if m.family == "llama" else transformers.Qwen2ForCausalLM
+    torch.manual_seed(0)
+    plain = cls._from_config(hf_config(m), dtype=torch.float32).eval()
+    grouped = cls._from_config(hf_config(m, attn_implementation=register_attention()), dtype=torch.float32).eval()
+    grouped.load_state_dict(plain.state_dict())
+    assert grouped.config._attn_implementation == GROUPED_SDPA
+    logits = []
+    for model in (plain, grouped):
+        kw, _ = _forward_kwargs(model)
+        cache = _static_cache(model, 200, 2, "cpu", torch.float32)
+        gen = torch.Generator().manual_seed(1)
+        with torch.inference_mode():
+            out = [model(input_ids=torch.randint(0, 1000, (2, 150), generator=gen), use_cache=True,
+                         **{kw: cache}).logits[:, -1:]]
+            out += [model(input_ids=torch.randint(0, 1000, (2, 1), generator=gen), use_cache=True,
+                          **{kw: cache}).logits for _ in range(3)]
+        logits.append(torch.cat(out, dim=1))
+    assert torch.allclose(logits[0], logits[1], atol=1e-4, rtol=1e-4)
+    assert logits[0].abs().max() > 0.1  # not a vacuous comparison
+
+
+def test_which_runs_repeated_the_kv_heads():
+    r = _record("h200-catalog")
+    assert r.attention == "sdpa" and r.versions["transformers"] == "5.17.0" and r.repeats_kv
+    assert not r.model_copy(update={"attention": "pdplan_grouped_sdpa"}).repeats_kv
+    assert not r.model_copy(update={"versions": {**r.versions, "transformers": "5.23.0"}}).repeats_kv
+    assert r.model_copy(update={"versions": {**r.versions, "transformers": "unknown"}}).repeats_kv

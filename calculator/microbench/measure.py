@@ -32,12 +32,52 @@ from .results import KVCheck, Measurement, ParamCheck
 from .timing import Guard
 
 
+GROUPED_SDPA = "pdplan_grouped_sdpa"
+"""The benchmark's attention: transformers' SDPA, except that a one-token step of a GQA model attends with the query
+heads of each group packed against their one key/value head, as engines' decode kernels read the cache (each KV
+head once). transformers before 5.23 repeats every KV head over its query heads there (``repeat_kv``) whenever a
+mask is passed, which a static cache always passes: on an H200, Llama-3.1-8B at 8 x 4,105 cached tokens then
+stepped in 29 ms, against 19 ms for Llama-2-13B (MHA) with six times the cache."""
+
+
+def grouped_sdpa_forward(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
+                         scaling: float | None = None, is_causal: bool | None = None, **kwargs: Any) -> tuple[Any, None]:
+    """``GROUPED_SDPA``: (batch, heads, 1, dim) queries as (batch, kv heads, group, dim) against the unrepeated cache;
+    any other step is transformers' own ``sdpa_attention_forward``. Returns (batch, tokens, heads, dim), as it does."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    group = getattr(module, "num_key_value_groups", 1)
+    if query.shape[2] != 1 or group == 1 or kwargs.get("position_bias") is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    batch, heads, _, dim = query.shape
+    packed = query.reshape(batch, heads // group, group, dim)
+    mask = attention_mask
+    if mask is not None and mask.shape[1] != 1:  # a per-head mask: its heads packed the same way
+        mask = mask.reshape(mask.shape[0], heads // group, group, mask.shape[-1])
+    out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=mask, dropout_p=dropout,
+                                                           scale=scaling, is_causal=False)
+    return out.reshape(batch, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+def register_attention() -> str:
+    """Register ``GROUPED_SDPA`` with transformers (idempotent) and return its name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_forward)
+    AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)  # SDPA's masks (without it: no mask at all)
+    return GROUPED_SDPA
+
+
 def build_model(m: ModelSpec, dtype: str, device: str, seed: int) -> Any:
-    """A random-weight transformers model with the ModelSpec's shapes (nothing is downloaded)."""
+    """A random-weight transformers model with the ModelSpec's shapes (nothing is downloaded), attending with
+    ``GROUPED_SDPA``."""
     import torch
     import transformers
 
-    cfg = hf_config(m)
+    cfg = hf_config(m, attn_implementation=register_attention())
     cls = transformers.LlamaForCausalLM if m.family == "llama" else transformers.Qwen2ForCausalLM
     torch.manual_seed(seed)
     tdt = getattr(torch, TORCH_DTYPES[dtype])

@@ -95,7 +95,8 @@ def markdown(r: ValidationReport, plot: str = "plot.png") -> str:
         f"- Details: {c.device_details or 'n/a'}",
         f"- Date: {r.date}; grid: {mode}; seed {r.seed}; wall time {r.wall_s:.0f} s",
         (f"- Software: torch {r.versions.get('torch')}, transformers {r.versions.get('transformers')}, "
-        f"Python {r.versions.get('python')}, pdplan {r.versions.get('pdplan')}"),
+        f"Python {r.versions.get('python')}, pdplan {r.versions.get('pdplan')}; attention `{r.attention}`"
+        + (" (one-token steps repeat each KV head over its query heads)" if r.repeats_kv else "")),
         f"- Reproduce: `pdplan validate{_flags(r)} --out DIR` (or `python -m calculator.microbench{_flags(r)} --out DIR`)",
         *([f"- **Warning**: {r.stalls.summary}"] if r.stalls is not None and r.stalls.busy else []),
         "",

@@ -16,6 +16,12 @@ Phase = Literal["prefill", "decode"]
 Split = Literal["fit", "held_out"]
 
 
+def _version_tuple(version: str) -> tuple[int, ...]:
+    """(major, minor) of a version string; () where it has none (sorts before every version)."""
+    parts = version.split(".")[:2]
+    return tuple(int(x) for x in parts) if len(parts) == 2 and all(x.isdigit() for x in parts) else ()
+
+
 class _Out(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -221,11 +227,19 @@ class ValidationReport(_Out):
         default="eager", description="how decode steps were timed: transformers' eager forward, or the replay of "
                                      "a CUDA graph of it (as serving engines run decode)")
     reference: CatalogReference | None = Field(default=None, description="every point predicted on a catalog GPU entry")
+    attention: str = Field(default="sdpa", description="the transformers attention the models ran: sdpa (transformers' "
+                                                       "own, which before 5.23 repeats a GQA model's KV heads in a "
+                                                       "one-token step) or pdplan_grouped_sdpa (each KV head read once)")
     notes: tuple[str, ...] = ()
 
     @property
     def efficiency(self) -> Efficiency:
         return self.fit.efficiency
+
+    @property
+    def repeats_kv(self) -> bool:
+        """Whether its decode steps repeated each KV head over its query heads (transformers' sdpa before 5.23)."""
+        return self.attention == "sdpa" and _version_tuple(self.versions.get("transformers", "")) < (5, 23)
 
     def error(self, phase: Phase, subset: str = "held_out") -> PhaseError:
         return next(e for e in self.errors if e.phase == phase and e.subset == subset)

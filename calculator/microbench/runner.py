@@ -18,6 +18,7 @@ from hardware_db.schema import Efficiency, GPUSpec, ModelSpec
 
 from .ceilings import best_of, device_spec, measure_ceilings, model_dtype
 from .fit import CEILING, Design, design, fit_efficiency, predict_point_s
+from .measure import GROUPED_SDPA
 from .models import BENCH_MODELS, grid_for, resolve_models, split_of
 from .results import (
     CatalogPhaseError,
@@ -174,7 +175,8 @@ def run(quick: bool = False, device: str = "cpu", out_dir: Path | None = None, s
                 "transformers": _version("transformers"), "pdplan": _version("pdplan")}
     report = analyse(ceilings, models, measurements, kv_checks, param_checks, quick=quick, seed=seed,
                      date=dt.date.today().isoformat(), versions=versions, stalls=stalls,
-                     decode_timing="cuda_graph" if graphed else "eager", reference_gpu=reference_gpu, engine=engine)
+                     decode_timing="cuda_graph" if graphed else "eager", reference_gpu=reference_gpu, engine=engine,
+                     attention=GROUPED_SDPA)
     notes = tuple(f"a CUDA graph of a decode step could not be captured, so every model's decode steps were timed "
                   f"eager from then on ({f})" for f in graph_failures)
     report = report.model_copy(update={"wall_s": time.perf_counter() - t0, "notes": report.notes + notes})
@@ -191,7 +193,7 @@ def analyse(
     ceilings: Ceilings, models: list[ModelSpec], measurements: list[Measurement], kv_checks: list[KVCheck],
     param_checks: list[ParamCheck], *, quick: bool, seed: int, date: str, versions: dict[str, str],
     stalls: Stalls | None = None, decode_timing: str = "eager", reference_gpu: str | None = None,
-    engine: str = "generic",
+    engine: str = "generic", attention: str = "sdpa",
 ) -> ValidationReport:
     """Fit the calibration on the fit half of the measurements and predict every point (pure: no torch)."""
     dtype = ceilings.dtype
@@ -220,7 +222,8 @@ def analyse(
         points.append(Point(model=r.model, phase=r.phase, batch=r.batch, tokens=r.tokens, grid_index=r.grid_index,
                             split=split, measured_s=float(y), sweeps_s=r.sweeps_s, predicted_s=pred, ceiling_s=ceil,
                             bound=bound))
-    errors = [phase_error(points, phase, subset, by_id, spec, dtype, eff)
+    repeats_kv = ValidationReport.model_construct(attention=attention, versions=versions).repeats_kv
+    errors = [phase_error(points, phase, subset, by_id, spec, dtype, eff, repeats_kv)
               for phase in ("prefill", "decode") for subset in ("held_out", "fit", "all_at_ceilings")]
     reference = None if reference_gpu is None else catalog_reference(points, by_id, reference_gpu, engine, dtype)
     return ValidationReport(
@@ -232,6 +235,7 @@ def analyse(
                              "(kernel latency, step overhead" + (", cost per sequence" if options["per_sequence"] else "")
                              + ") per cell" + "".join(f"; {what}" for key, what in FIT_EXTRAS if options[key])),
         errors=tuple(errors), stalls=stalls, decode_timing=decode_timing, reference=reference,  # type: ignore[arg-type]
+        attention=attention,
         notes=_notes(kv_checks, param_checks, ceilings.device) + ((stalls.summary,) if stalls else ()),
     )
 
@@ -319,13 +323,14 @@ def reanalyse(report: ValidationReport, reference_gpu: str | None = None, engine
                                 sweeps_s=p.sweeps_s) for p in report.points]
     new = analyse(report.ceilings, list(report.models), measurements, list(report.kv_checks), list(report.param_checks),
                   quick=report.quick, seed=report.seed, date=report.date, versions=report.versions, stalls=report.stalls,
-                  decode_timing=report.decode_timing, reference_gpu=reference_gpu, engine=engine)
+                  decode_timing=report.decode_timing, reference_gpu=reference_gpu, engine=engine,
+                  attention=report.attention)
     extra = tuple(n for n in report.notes if n not in new.notes)  # notes of the run itself (a failed capture)
     return new.model_copy(update={"wall_s": report.wall_s, "notes": new.notes + extra})
 
 
 def phase_error(points: list[Point], phase: str, subset: str, models: dict[str, ModelSpec], device: GPUSpec,
-                dtype: str, eff: Efficiency) -> PhaseError:
+                dtype: str, eff: Efficiency, repeats_kv: bool = False) -> PhaseError:
     """Median and max |pred/meas - 1| of a phase over a subset, with the worst point and its likely cause."""
     if subset == "all_at_ceilings":
         pts = [p for p in points if p.phase == phase]
@@ -343,14 +348,15 @@ def phase_error(points: list[Point], phase: str, subset: str, models: dict[str, 
         reason = ("bare ceilings: every efficiency 1 and no kernel or step latency, so the model predicts the "
                   "fastest the measured ceilings allow")
     else:
-        reason = explain(worst, models[worst.model], device, dtype, eff)
+        reason = explain(worst, models[worst.model], device, dtype, eff, repeats_kv)
     return PhaseError(phase=phase, subset=subset, n=len(pts), median_abs_rel_error=float(np.median(errs)),  # type: ignore[arg-type]
                       max_abs_rel_error=float(errs[k]), worst=worst.label, worst_predicted_s=preds[k],
                       worst_measured_s=worst.measured_s, reason=reason)
 
 
-def explain(p: Point, m: ModelSpec, device: GPUSpec, dtype: str, eff: Efficiency) -> str:
-    """The known cause that best fits where and which way the model misses a point."""
+def explain(p: Point, m: ModelSpec, device: GPUSpec, dtype: str, eff: Efficiency, repeats_kv: bool = False) -> str:
+    """The known cause that best fits where and which way the model misses a point (``repeats_kv``: the run's
+    attention repeated each KV head over its query heads in decode steps)."""
     d = design(m, device, p.phase, np.array([p.tokens]), np.array([p.batch]), dtype)
     compute = float((d.compute_s / eff.compute).sum())
     memory = float((d.memory_s / eff.memory).sum())
@@ -374,10 +380,11 @@ def explain(p: Point, m: ModelSpec, device: GPUSpec, dtype: str, eff: Efficiency
         return ("a batch-1 step streams the weights faster than the fitted memory efficiency: the fit lowers eta_m to "
                 "absorb the arithmetic that larger batches do not overlap with the weight stream" + noise)
     group = m.num_attention_heads // m.num_kv_heads
-    if p.phase == "decode" and under and group > 1 and kv_share > 0.05:
+    if p.phase == "decode" and under and repeats_kv and group > 1 and kv_share > 0.05:
         return (f"the KV cache is {kv_share:.0%} of the step's bytes as a paged-attention kernel reads it, once per KV "
-                f"head; transformers' SDPA decode with a mask repeats each of the {m.num_kv_heads} KV heads {group} "
-                "times (repeat_kv) before attending, so it streams the cache several times over" + noise)
+                f"head; transformers' SDPA decode with a mask (before 5.23) repeats each of the {m.num_kv_heads} KV "
+                f"heads {group} times (repeat_kv) before attending, so it streams the cache several times over "
+                "(the benchmark now attends with pdplan_grouped_sdpa, which does not)" + noise)
     if p.phase == "decode" and under and kv_share > 0.15:
         return (f"the KV cache is {kv_share:.0%} of the step's bytes, and attention over it (SDPA with a mask over the "
                 "static cache) runs below the copy bandwidth" + noise)
