@@ -269,11 +269,10 @@ FIT_EXTRAS = (
 def fit_options(device: str, decode_timing: str) -> dict[str, bool]:
     """Which constants beyond (eta_c, eta_m, kernel latency, step overhead) a run's grid can identify.
 
-    CUDA: the decode attention kernel's share (transformers' decode attention, a masked SDPA over the static cache
-    with GQA's key/value heads repeated, runs far below the weight stream: an H200 run put it at 6% of the
-    bandwidth). Graph replays: also the launch share the replayed steps pay. No cost per sequence: a replay does
-    no host work per sequence (on the H200 catalog run it would have taken 143 us a sequence to stand in for
-    transformers' repeated GQA heads). A CPU grid keeps the four (on the committed CPU record the attention share
+    CUDA: the decode attention kernel's share (a masked SDPA over the static cache is no paged-attention kernel;
+    with transformers 5.17's repeated GQA heads an H200 run put it at 12% of the efficiencies). Graph replays:
+    also the launch share the replayed steps pay. No cost per sequence: a replay does no host work per sequence
+    (on the H200 catalog run it would have taken 143 us a sequence to stand in for the repeated GQA heads). A CPU grid keeps the four (on the committed CPU record the attention share
     moved prefill's held-out error 5.2% -> 5.7%, and on a quick run 5.5% -> 13%: two decode contexts do not
     identify it).
     """
