@@ -22,6 +22,12 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in parts) if len(parts) == 2 and all(x.isdigit() for x in parts) else ()
 
 
+def repeats_kv(attention: str, transformers_version: str) -> bool:
+    """Whether decode steps run with ``attention`` repeat each KV head over its query heads: transformers' own sdpa
+    before 5.23 (an unknown version counts as before)."""
+    return attention == "sdpa" and _version_tuple(transformers_version) < (5, 23)
+
+
 class _Out(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -239,7 +245,7 @@ class ValidationReport(_Out):
     @property
     def repeats_kv(self) -> bool:
         """Whether its decode steps repeated each KV head over its query heads (transformers' sdpa before 5.23)."""
-        return self.attention == "sdpa" and _version_tuple(self.versions.get("transformers", "")) < (5, 23)
+        return repeats_kv(self.attention, self.versions.get("transformers", ""))
 
     def error(self, phase: Phase, subset: str = "held_out") -> PhaseError:
         return next(e for e in self.errors if e.phase == phase and e.subset == subset)

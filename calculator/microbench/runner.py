@@ -32,6 +32,7 @@ from .results import (
     Point,
     Stalls,
     ValidationReport,
+    repeats_kv,
 )
 from .timing import Guard
 
@@ -222,8 +223,8 @@ def analyse(
         points.append(Point(model=r.model, phase=r.phase, batch=r.batch, tokens=r.tokens, grid_index=r.grid_index,
                             split=split, measured_s=float(y), sweeps_s=r.sweeps_s, predicted_s=pred, ceiling_s=ceil,
                             bound=bound))
-    repeats_kv = ValidationReport.model_construct(attention=attention, versions=versions).repeats_kv
-    errors = [phase_error(points, phase, subset, by_id, spec, dtype, eff, repeats_kv)
+    repeated = repeats_kv(attention, versions.get("transformers", ""))
+    errors = [phase_error(points, phase, subset, by_id, spec, dtype, eff, repeated)
               for phase in ("prefill", "decode") for subset in ("held_out", "fit", "all_at_ceilings")]
     reference = None if reference_gpu is None else catalog_reference(points, by_id, reference_gpu, engine, dtype)
     return ValidationReport(
@@ -329,7 +330,7 @@ def reanalyse(report: ValidationReport, reference_gpu: str | None = None, engine
 
 
 def phase_error(points: list[Point], phase: str, subset: str, models: dict[str, ModelSpec], device: GPUSpec,
-                dtype: str, eff: Efficiency, repeats_kv: bool = False) -> PhaseError:
+                dtype: str, eff: Efficiency, kv_repeated: bool = False) -> PhaseError:
     """Median and max |pred/meas - 1| of a phase over a subset, with the worst point and its likely cause."""
     if subset == "all_at_ceilings":
         pts = [p for p in points if p.phase == phase]
@@ -347,14 +348,14 @@ def phase_error(points: list[Point], phase: str, subset: str, models: dict[str, 
         reason = ("bare ceilings: every efficiency 1 and no kernel or step latency, so the model predicts the "
                   "fastest the measured ceilings allow")
     else:
-        reason = explain(worst, models[worst.model], device, dtype, eff, repeats_kv)
+        reason = explain(worst, models[worst.model], device, dtype, eff, kv_repeated)
     return PhaseError(phase=phase, subset=subset, n=len(pts), median_abs_rel_error=float(np.median(errs)),  # type: ignore[arg-type]
                       max_abs_rel_error=float(errs[k]), worst=worst.label, worst_predicted_s=preds[k],
                       worst_measured_s=worst.measured_s, reason=reason)
 
 
-def explain(p: Point, m: ModelSpec, device: GPUSpec, dtype: str, eff: Efficiency, repeats_kv: bool = False) -> str:
-    """The known cause that best fits where and which way the model misses a point (``repeats_kv``: the run's
+def explain(p: Point, m: ModelSpec, device: GPUSpec, dtype: str, eff: Efficiency, kv_repeated: bool = False) -> str:
+    """The known cause that best fits where and which way the model misses a point (``kv_repeated``: the run's
     attention repeated each KV head over its query heads in decode steps)."""
     d = design(m, device, p.phase, np.array([p.tokens]), np.array([p.batch]), dtype)
     compute = float((d.compute_s / eff.compute).sum())
@@ -379,7 +380,7 @@ def explain(p: Point, m: ModelSpec, device: GPUSpec, dtype: str, eff: Efficiency
         return ("a batch-1 step streams the weights faster than the fitted memory efficiency: the fit lowers eta_m to "
                 "absorb the arithmetic that larger batches do not overlap with the weight stream" + noise)
     group = m.num_attention_heads // m.num_kv_heads
-    if p.phase == "decode" and under and repeats_kv and group > 1 and kv_share > 0.05:
+    if p.phase == "decode" and under and kv_repeated and group > 1 and kv_share > 0.05:
         return (f"the KV cache is {kv_share:.0%} of the step's bytes as a paged-attention kernel reads it, once per KV "
                 f"head; transformers' SDPA decode with a mask (before 5.23) repeats each of the {m.num_kv_heads} KV "
                 f"heads {group} times (repeat_kv) before attending, so it streams the cache several times over "
