@@ -124,12 +124,16 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "X_c": ("X", "requests completed per second", "1/s"),
     "x_p": ("x_{p}", "time one prompt adds to the step it rides in (beyond the plain decode step)", "s"),
     "S_own": ("S_{own}", "the engine time from a prompt's arrival to its first token (its own step or steps)", "s"),
+    "n_in": ("n_{in}", "prompt tokens per request (mean)", "tokens"),
+    "cv2_osl": ("c_{o}^2", "squared coefficient of variation of the output length", "1"),
     "E_X2": ("E[X^{2]}", "second moment of one prompt's stall (the time its step(s) add to every running decode)", "s^2"),
     "E_inv_n": ("E[1/n]", "mean of 1 / (output tokens - 1) over requests", "1/tokens"),
     "t_slope": ("{t'_{d}}", "decode step time added by one more sequence in the batch", "s"),
     "B": ("B", "mean sequences decoding at once", "sequences"),
     "V_T": ("V_{T}", "variance of a request's TPOT", "s^2"),
     "z": ("z", "standard normal quantile of the percentile", "1"),
+    "rho_d": ("\\rho_{d}", "decode load: arrivals x output tokens x the step time one more sequence adds", "1"),
+    "V_t": ("V_{t}", "variance of the decode step a request sees, over the batch's distribution", "s^2"),
     "rho_b": ("\\rho_{b}", "share of time the prompt queue is busy (steps that carry prompt work)", "1"),
     "t_b": ("t_{b}", "mean duration of a step that carries prompt work", "s"),
     "S_w": ("S_{w}", "time one prompt keeps the prompt queue busy", "s"),
@@ -1072,6 +1076,22 @@ littles_law_batch = Formula(
 )
 
 
+def _running_context(cv2_osl: Any, n_in: Any, n_out: Any) -> Any:
+    return n_in + (1/2)*n_out*(cv2_osl + 1) + 1/2
+
+
+running_context = Formula(
+    name="running_context",
+    section="queueing and serving",
+    unit="tokens",
+    doc="Mean context of a decoding sequence at a random step: its prompt and the output it has emitted so far. A request of n output tokens decodes for n steps, so the running ones are length-biased (weight n) and halfway through: E[n^2] / (2 E[n]) = n_out (1 + c_o^2) / 2 tokens of output, not n_out / 2.",
+    args=("cv2_osl", "n_in", "n_out"),
+    latex="n_{in} + \\frac{n_{out} \\left(c_{o}^2 + 1\\right)}{2} + \\frac{1}{2}",
+    fn=_running_context,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
 def _tpot_stall_variance(E_X2: Any, E_inv_n: Any, TPOT: Any, c_a2: Any, lambda_: Any, rho_p: Any) -> Any:
     return E_inv_n*E_X2*TPOT*lambda_*c_a2/(1 - rho_p)**2
 
@@ -1088,17 +1108,33 @@ tpot_stall_variance = Formula(
 )
 
 
-def _tpot_batch_variance(B: Any, rho_p: Any, t_slope: Any) -> Any:
-    return (2/3)*B*t_slope**2/(1 - rho_p)**2
+def _batch_step_variance(B: Any, rho_d: Any, t_slope: Any) -> Any:
+    return B*t_slope**2/(1 - rho_d)
+
+
+batch_step_variance = Formula(
+    name="batch_step_variance",
+    section="queueing and serving",
+    unit="s^2",
+    doc="Variance of the decode step over the batch's distribution, for a step t_0 + t' n linear in the batch. Every sequence more slows every step, so lifetimes stretch as the batch grows: a birth-death batch of births lambda and deaths n / (n_out (t_0 + t' n)) (a processor-sharing queue, insensitive to the output-length distribution) is negative binomial, of variance B / (1 - rho_d), rho_d = lambda n_out t'; Poisson (M/G/infinity) at rho_d = 0. A decode instance without prompts takes the same product form over its own step curve instead (``serving.base.batch_step_variance``).",
+    args=("B", "rho_d", "t_slope"),
+    latex="\\frac{B {t'_{d}}^{2}}{1 - \\rho_{d}}",
+    fn=_batch_step_variance,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _tpot_batch_variance(V_t: Any, rho_d: Any, rho_p: Any) -> Any:
+    return (1/3)*V_t*(rho_d + 2)/(1 - rho_p)**2
 
 
 tpot_batch_variance = Formula(
     name="tpot_batch_variance",
     section="queueing and serving",
     unit="s^2",
-    doc="Variance of a request's TPOT from the decode batch it shares: the batch is Poisson (continuous batching is an M/G/infinity queue), and its average over one lifetime keeps 2/3 of the variance.",
-    args=("B", "rho_p", "t_slope"),
-    latex="\\frac{2 B {t'_{d}}^{2}}{3 \\left(1 - \\rho_{p}\\right)^{2}}",
+    doc="Variance of a request's TPOT from the decode batch it shares: the step's variance over the batch's distribution, of which the average over one lifetime keeps 2/3 at rho_d = 0, where the batch renews within a lifetime, and all as rho_d -> 1, where it relaxes in lifetime / (1 - rho_d).",
+    args=("V_t", "rho_d", "rho_p"),
+    latex="\\frac{V_{t} \\left(\\rho_{d} + 2\\right)}{3 \\left(1 - \\rho_{p}\\right)^{2}}",
     fn=_tpot_batch_variance,
     symbol_table=SYMBOL_TABLE,
 )
@@ -1276,7 +1312,9 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     closed_loop_stall_share,
     closed_loop_throughput,
     littles_law_batch,
+    running_context,
     tpot_stall_variance,
+    batch_step_variance,
     tpot_batch_variance,
     busy_batch_rise,
     token_weighted_tpot,

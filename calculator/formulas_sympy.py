@@ -553,6 +553,16 @@ littles_law_batch = _formula(
     "littles_law_batch", lam * n_out * tpot_sym, "sequences",
     "Sequences decoding at once = arrival rate x output tokens x time per token (Little's law).",
 )
+n_in = _sym("n_in", "prompt tokens per request (mean)", "tokens", "n_{in}")
+cv2_out = _sym("cv2_osl", "squared coefficient of variation of the output length", "1", r"c_{o}^2")
+running_context = _formula(
+    "running_context",
+    n_in + (n_out * (1 + cv2_out) + 1) / 2,
+    "tokens",
+    "Mean context of a decoding sequence at a random step: its prompt and the output it has emitted so far. "
+    "A request of n output tokens decodes for n steps, so the running ones are length-biased (weight n) and "
+    "halfway through: E[n^2] / (2 E[n]) = n_out (1 + c_o^2) / 2 tokens of output, not n_out / 2.",
+)
 X2 = _sym("E_X2", "second moment of one prompt's stall (the time its step(s) add to every running decode)", "s^2",
           "E[X^2]")
 inv_n = _sym("E_inv_n", "mean of 1 / (output tokens - 1) over requests", "1/tokens", r"E[1/n]")
@@ -570,12 +580,27 @@ tpot_stall_variance = _formula(
     "stall lengthens the lifetime in which further prompts arrive. A prompt's stall X counts its own step "
     "time and the decode time its sequence adds to the batch for the rest of the lifetime; rho = lambda E[X].",
 )
+rho_d = _sym("rho_d", "decode load: arrivals x output tokens x the step time one more sequence adds", "1",
+             r"\rho_{d}")
+V_t = _sym("V_t", "variance of the decode step a request sees, over the batch's distribution", "s^2", "V_{t}")
+batch_step_variance = _formula(
+    "batch_step_variance",
+    t_slope**2 * B_sym / (1 - rho_d),
+    "s^2",
+    "Variance of the decode step over the batch's distribution, for a step t_0 + t' n linear in the batch. Every "
+    "sequence more slows every step, so lifetimes stretch as the batch grows: a birth-death batch of births "
+    "lambda and deaths n / (n_out (t_0 + t' n)) (a processor-sharing queue, insensitive to the output-length "
+    "distribution) is negative binomial, of variance B / (1 - rho_d), rho_d = lambda n_out t'; Poisson "
+    "(M/G/infinity) at rho_d = 0. A decode instance without prompts takes the same product form over its "
+    "own step curve instead (``serving.base.batch_step_variance``).",
+)
 tpot_batch_variance = _formula(
     "tpot_batch_variance",
-    t_slope**2 * 2 * B_sym / 3 / (1 - rho_p) ** 2,
+    V_t * (2 + rho_d) / 3 / (1 - rho_p) ** 2,
     "s^2",
-    "Variance of a request's TPOT from the decode batch it shares: the batch is Poisson (continuous batching "
-    "is an M/G/infinity queue), and its average over one lifetime keeps 2/3 of the variance.",
+    "Variance of a request's TPOT from the decode batch it shares: the step's variance over the batch's "
+    "distribution, of which the average over one lifetime keeps 2/3 at rho_d = 0, where the batch renews within "
+    "a lifetime, and all as rho_d -> 1, where it relaxes in lifetime / (1 - rho_d).",
 )
 rho_b = _sym("rho_b", "share of time the prompt queue is busy (steps that carry prompt work)", "1", r"\rho_{b}")
 t_b = _sym("t_b", "mean duration of a step that carries prompt work", "s", "t_{b}")

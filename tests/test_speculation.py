@@ -104,7 +104,8 @@ def test_the_planner_takes_mtp_where_it_halves_the_gpus():
     assert mtp.best.num_gpus < plain.best.num_gpus
     assert mtp.best.deployment.pools[-1].spec is not None
     assert all(p.spec is None for c in mtp.candidates if c.mode == "disaggregated" for p in c.deployment.pools[:1])
-    # the candidate's figures are evaluate's
+    # the candidate's figures are evaluate's (up to the far tail of the batch's distribution, which the
+    # max_batch the planner then configures, 2 B + 3.1 sqrt(B) + 1, truncates: ~1e-5 of the p90 TPOT)
     r = pc.evaluate("deepseek-v3", mtp.best.deployment, w, slo)
-    assert r.tpot_s(90) == pytest.approx(mtp.best.tpot_p_s, rel=1e-6)
+    assert r.tpot_s(90) == pytest.approx(mtp.best.tpot_p_s, rel=1e-4)
     assert "+mtp" in mtp.explain()

@@ -741,21 +741,84 @@ def decode_step_at(pm: PoolModel, context: float, limit: float, batch) -> np.nda
     return interp_rows(grid, table, b.reshape(-1))[0].reshape(b.shape)
 
 
-def tpot_tail(tpot_mean, rho, lam, x_mean, x_cv2: float, w: Workload, slope, batch, p: float
-              ) -> tuple[np.ndarray, np.ndarray]:
+MAX_DECODE_LOAD = 0.99
+"""Bound on the decode load in ``tpot_batch_variance`` (the batch's variance grows as 1 / (1 - rho_d))."""
+
+
+def decode_load(lam, w: Workload, slope, rho=0.0) -> np.ndarray:
+    """rho_d = lambda osl slope / (1 - rho): the feedback of the decode batch on its own lifetimes (each
+    sequence more slows every step; a prompt's stalls, share ``rho``, stretch the lifetimes too), at most
+    MAX_DECODE_LOAD."""
+    return np.clip(lam * w.osl.mean * slope / np.maximum(1 - np.asarray(rho), 1e-3), 0.0, MAX_DECODE_LOAD)
+
+
+PRODUCT_FORM_SPREADS = 6.0
+"""Half-width of the batch states ``batch_step_variance`` sums over, in standard deviations of the
+negative binomial (plus ten states)."""
+MAX_PRODUCT_FORM_STATES = 4096
+"""Most batch states ``batch_step_variance`` sums over per rate (a bound on the work per call)."""
+
+
+def batch_step_variance(pm: PoolModel, context: float, lam, osl_mean: float, limit: float, batch, rho_d
+                        ) -> np.ndarray:
+    """Variance of the decode step a request sees, t(N + 1), over the batch N of a decode instance
+    without prompts, s^2: the product form pi(n) ~ prod_{k <= n} lambda osl t(k) / k of the
+    birth-death batch (births lambda, deaths n / (osl t(n))), over the instance's own step curve and
+    up to the batch limit. It is insensitive to the output-length distribution (a processor-sharing
+    queue). On a linear step it is ``batch_step_variance`` (negative binomial); the real curve is
+    concave where more sequences touch fewer new experts (an MoE at a small batch: there the line's
+    spread is too wide) and convex where a step turns compute-bound. Summed over a window of states
+    about the mean batch (``PRODUCT_FORM_SPREADS`` negative-binomial deviations)."""
+    lam = np.asarray(lam, dtype=float)
+    shape = np.broadcast_shapes(lam.shape, np.shape(batch), np.shape(rho_d))
+    lam, b, rho = (np.broadcast_to(np.asarray(a, dtype=float), shape).reshape(-1) for a in (lam, batch, rho_d))
+    top = max(math.floor(limit), 1)
+    ok = np.isfinite(b) & (lam > 0)
+    out = np.full(lam.shape, np.inf)
+    if not ok.any():
+        return out.reshape(shape)
+    lam, b, rho = lam[ok], b[ok], np.minimum(rho[ok], MAX_DECODE_LOAD)
+    half = PRODUCT_FORM_SPREADS * np.sqrt(np.maximum(b, 1.0) / (1 - rho)) + 10
+    lo = np.clip(np.floor(b - half), 0, top)
+    hi = np.minimum(np.ceil(b + half), top)
+    width = int(min(float(np.max(hi - lo)) + 1, MAX_PRODUCT_FORM_STATES))
+    n = lo[:, None] + np.arange(width, dtype=float)[None, :]
+    inside = n <= hi[:, None]  # each rate's own window, whatever the others' (the result is per rate)
+    grid, table = pm.decode_table(context, limit)
+    steps = np.interp(np.maximum(n, 1.0), grid, table)  # t(n): the step of n sequences
+    seen = np.interp(n + 1, grid, table)  # t(n + 1): the step a request among them sees
+    ratio = np.where(n >= 1, np.log(lam[:, None] * osl_mean * steps / np.maximum(n, 1.0)), 0.0)
+    ratio[:, 0] = 0.0  # the window's first state is the reference
+    log_pi = np.where(inside, np.cumsum(ratio, axis=1), -np.inf)
+    pi = np.exp(log_pi - log_pi.max(axis=1, keepdims=True))
+    pi /= pi.sum(axis=1, keepdims=True)
+    mean = np.sum(pi * seen, axis=1)
+    out[ok] = np.sum(pi * (seen - mean[:, None]) ** 2, axis=1)
+    return out.reshape(shape)
+
+
+def tpot_tail(tpot_mean, rho, lam, x_mean, x_cv2: float, w: Workload, slope, batch, p: float,
+              step_variance=None) -> tuple[np.ndarray, np.ndarray]:
     """(variance, p-quantile) of a request's TPOT, a lognormal with the mean ``tpot_mean``.
 
     The stalls: each prompt landing in a request's lifetime adds its step time ``x_mean`` (squared
     cv ``x_cv2``) and, because its sequence then decodes alongside for about half the lifetime,
     ``slope`` (one more sequence's step time) x osl / 2. The batch: the spread of the batch it decodes
-    with. ``rho`` is the prompts' time share (the amplification of the mean TPOT).
+    with, which grows with the decode load lambda osl slope / (1 - rho) (``tpot_batch_variance``):
+    ``step_variance`` (the step's variance over the batch's distribution, s^2) where the caller has it
+    from the step curve (``batch_step_variance``), else that of a linear step (negative binomial).
+    ``rho`` is the prompts' time share (the amplification of the mean TPOT).
     """
     x_eff = x_mean + slope * w.osl.mean / 2
     rho_eff = np.minimum(lam * x_eff, 0.999)
     stalls = f.tpot_stall_variance(**{"lambda": lam, "TPOT": tpot_mean, "E_X2": x_eff**2 + x_mean**2 * x_cv2,
                                       "c_a2": w.arrival_cv**2,
                                       "E_inv_n": inverse_osl(w), "rho_p": rho_eff})
-    var = stalls + f.tpot_batch_variance(t_slope=slope, B=batch, rho_p=rho)
+    # the decode load: the feedback of the batch on its own lifetimes (a prompt's stalls stretch them too)
+    rho_d = decode_load(lam, w, slope, rho)
+    if step_variance is None:
+        step_variance = f.batch_step_variance(t_slope=slope, B=batch, rho_d=rho_d)
+    var = stalls + f.tpot_batch_variance(V_t=step_variance, rho_p=rho, rho_d=rho_d)
     finite = np.isfinite(tpot_mean) & np.isfinite(var)
     q = f.lognormal_quantile(TPOT=np.where(finite, tpot_mean, 1.0), V_T=np.where(finite, var, 0.0), z=z_score(p))
     return var, np.where(finite, q, np.inf)

@@ -39,7 +39,7 @@ from .base import (
     tpot_tail,
     z_score,
 )
-from .workload import Length, Workload
+from .workload import Length, Workload, running_context
 
 
 def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float, pm: PoolModel | None = None,
@@ -73,7 +73,7 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     cached = w.isl.mean * w.prefix_hit
     isl_new = w.isl.mean - cached
     isl_q_new = w.isl.quantile(p) * (1 - w.prefix_hit)
-    ctx = w.isl.mean + (w.osl.mean + 1) / 2
+    ctx = running_context(w)
     grid_limit = pm.batch_limit(w)
     whole = np.broadcast_to(np.asarray(whole_prompts, dtype=bool), chunks.shape)
     pieces = np.where(whole, max(isl_q_new, isl_new, w.isl.max) + grid_limit + 2, chunks)

@@ -35,7 +35,9 @@ from .base import (
     PrefillService,
     SlotQueue,
     _erf,
+    batch_step_variance,
     decode_fixed_point,
+    decode_load,
     decode_step_at,
     decreasing_root,
     erlang_c,
@@ -48,7 +50,7 @@ from .base import (
     with_slot_wait,
     z_score,
 )
-from .workload import Workload
+from .workload import Workload, running_context
 
 
 def kv_transfer_s(model: ModelSpec, d: Deployment, w: Workload, pre: PoolModel, dec: PoolModel, prefill_s: float) -> float:
@@ -390,7 +392,7 @@ def _decode_side(dec: PoolModel, w: Workload, lam_d: np.ndarray, p: float) -> tu
     hit = dec._cache.get(key)
     if hit is not None:
         return hit
-    ctx = w.isl.mean + (w.osl.mean + 1) / 2
+    ctx = running_context(w)
     limit = dec.batch_limit(w)
     batch, _ = decode_fixed_point(dec, ctx, lam_d, w.osl.mean, 1.0, limit)
     b_cap = np.minimum(batch, limit)
@@ -401,7 +403,9 @@ def _decode_side(dec: PoolModel, w: Workload, lam_d: np.ndarray, p: float) -> tu
     # a full decode batch of L = floor(limit) sequences steps at t_d(L) (no prompts stall it): the
     # largest TPOT, which bounds the tail, and the hold of a slot while requests queue for one
     tpot_full = t_d + slope * np.maximum(np.floor(limit) - b_cap, 0.0)
-    tpot_var, tpot_p = tpot_tail(tpot, zero, lam_d, zero, 0.0, w, slope, b_cap, p)
+    # no prompts stretch the lifetimes here: the batch's spread is the product form over the step curve
+    step_var = batch_step_variance(dec, ctx, lam_d, w.osl.mean, limit, b_cap, decode_load(lam_d, w, slope))
+    tpot_var, tpot_p = tpot_tail(tpot, zero, lam_d, zero, 0.0, w, slope, b_cap, p, step_var)
     tpot_p = np.minimum(tpot_p, np.maximum(tpot_full, tpot))
     life = w.osl.mean * tpot
     # the decode pool's arrivals are the prefill pool's departures, no burstier than the arrivals (taken as

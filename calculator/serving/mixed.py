@@ -28,7 +28,7 @@ from hardware_db.schema import ModelSpec
 from .. import formulas as f
 from .base import Deployment, ModeArrays, PoolModel, PrefillService, decode_step_at, first_root, seen
 from .chunked import analyse_budgets, busy_tpot, first_row, single_pool_arrays
-from .workload import Workload
+from .workload import Workload, running_context
 
 
 def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float, pm: PoolModel | None = None,
@@ -48,7 +48,7 @@ def prefill_first(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float, 
     lam = np.asarray(total_rate, dtype=float) / instances
     sp_ = PrefillService.of(pm, w, p)
     rho_p = lam * sp_.mean_s
-    ctx = w.isl.mean + (w.osl.mean + 1) / 2
+    ctx = running_context(w)
     limit = pm.batch_limit(w)
     # prompt steps emit no decode tokens (t_b = inf): TPOT(B) = busy_tpot on the decode table
     grid, table = pm.decode_table(ctx, limit)

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from .. import formulas as f
 from ..limits import MAX_SAMPLES, MAX_TOKENS
 
 QUADRATURE_POINTS = 16
@@ -200,3 +201,10 @@ class SLO(BaseModel):
     @property
     def p(self) -> float:
         return self.percentile / 100
+
+
+def running_context(w: Workload) -> float:
+    """Mean context of a decoding sequence at a random step, tokens (``running_context``): the prompt and
+    the output so far, length-biased, since a long output stays in the batch for more steps. With outputs
+    of cv 0.5 a running sequence has emitted 1.25 x osl / 2 tokens, not osl / 2."""
+    return float(f.running_context(n_in=w.isl.mean, n_out=w.osl.mean, cv2_osl=w.osl.cv**2))
