@@ -310,11 +310,18 @@ class PoolModel:
         each at the mean sequence's midpoint m, a prompt of l tokens joins when
         n kv(m) + kv(l) <= M: the engine runs floor((M - kv(l)) / kv(m)) + 1 sequences, an integer
         (13 where M / kv(m) is 13.9), averaged over the prompt-length distribution. A lone request is
-        always admitted."""
+        always admitted. Cached per prompt-length distribution and mean output (a plan asks often)."""
+        key = ("kv_limit", workload.isl, float(workload.osl.mean))
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
         mean_resident = workload.isl.mean + workload.osl.mean * self.tokens_per_step / 2  # (output in steps)
         vals, weights = workload.isl.points()
         room = np.maximum(self.kv_budget_bytes - self.kv_seq_bytes(vals), 0.0)
-        return float(np.sum(weights * (np.floor(room / float(self.kv_seq_bytes(mean_resident))) + 1)))
+        limit = float(np.sum(weights * (np.floor(room / float(self.kv_seq_bytes(mean_resident))) + 1)))
+        if len(self._cache) < 4096:
+            self._cache[key] = limit
+        return limit
 
     def batch_limit(self, workload: Workload) -> float:
         """Concurrent sequences: the engine cap, and the KV memory (``kv_limit``)."""
@@ -780,20 +787,22 @@ def batch_step_variance(pm: PoolModel, context: float, lam, osl_mean: float, lim
     lam, b, rho = lam[ok], b[ok], np.minimum(rho[ok], MAX_DECODE_LOAD)
     half = PRODUCT_FORM_SPREADS * np.sqrt(np.maximum(b, 1.0) / (1 - rho)) + 10
     lo = np.clip(np.floor(b - half), 0, top)
-    hi = np.minimum(np.ceil(b + half), top)
-    width = int(min(float(np.max(hi - lo)) + 1, MAX_PRODUCT_FORM_STATES))
-    n = lo[:, None] + np.arange(width, dtype=float)[None, :]
-    inside = n <= hi[:, None]  # each rate's own window, whatever the others' (the result is per rate)
+    widths = (np.minimum(np.minimum(np.ceil(b + half), top) - lo + 1, MAX_PRODUCT_FORM_STATES)).astype(np.int64)
+    # each rate's own window of states, laid end to end (a plan's rate grid spans small and large batches)
+    starts = np.cumsum(widths) - widths
+    row = np.repeat(np.arange(widths.size), widths)
+    n = lo[row] + (np.arange(row.size) - starts[row])
     grid, table = pm.decode_table(context, limit)
     steps = np.interp(np.maximum(n, 1.0), grid, table)  # t(n): the step of n sequences
     seen = np.interp(n + 1, grid, table)  # t(n + 1): the step a request among them sees
-    ratio = np.where(n >= 1, np.log(lam[:, None] * osl_mean * steps / np.maximum(n, 1.0)), 0.0)
-    ratio[:, 0] = 0.0  # the window's first state is the reference
-    log_pi = np.where(inside, np.cumsum(ratio, axis=1), -np.inf)
-    pi = np.exp(log_pi - log_pi.max(axis=1, keepdims=True))
-    pi /= pi.sum(axis=1, keepdims=True)
-    mean = np.sum(pi * seen, axis=1)
-    out[ok] = np.sum(pi * (seen - mean[:, None]) ** 2, axis=1)
+    ratio = np.log(lam[row] * osl_mean * steps / np.maximum(n, 1.0))
+    ratio[starts] = 0.0  # each window's first state is its reference
+    log_pi = np.cumsum(ratio)
+    log_pi -= log_pi[starts][row]
+    pi = np.exp(log_pi - np.maximum.reduceat(log_pi, starts)[row])
+    total = np.add.reduceat(pi, starts)
+    mean = np.add.reduceat(pi * seen, starts) / total
+    out[ok] = np.add.reduceat(pi * (seen - mean[row]) ** 2, starts) / total
     return out.reshape(shape)
 
 
