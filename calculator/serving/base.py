@@ -27,7 +27,7 @@ from ..kv_cache import kv_bytes_per_gpu
 from ..limits import MAX_EXPERT_PARALLEL, MAX_PARALLEL
 from ..phases import DEFAULT_EXPERT_IMBALANCE, Setup, step_groups, step_time_s
 from ..speculation import Speculation, draft_setup, speculative_groups
-from .workload import SLO, Count, Workload
+from .workload import SLO, Count, Workload, running_context
 
 Mode = Literal["mixed", "chunked", "disaggregated"]
 Scheduler = Literal["hybrid", "prefill_first"]
@@ -307,7 +307,8 @@ class PoolModel:
 
         Engines admit a request only when its prompt's KV fits beside the running sequences (vLLM's
         scheduler allocates the prompt's blocks before its first step), so with n sequences resident,
-        each at the mean sequence's midpoint m, a prompt of l tokens joins when
+        each at the running sequences' mean context m (length-biased: long outputs stay resident
+        longer, ``running_context``), a prompt of l tokens joins when
         n kv(m) + kv(l) <= M: the engine runs floor((M - kv(l)) / kv(m)) + 1 sequences, an integer
         (13 where M / kv(m) is 13.9), averaged over the prompt-length distribution. A lone request is
         always admitted. Cached per prompt-length distribution and mean output (a plan asks often)."""
@@ -315,7 +316,8 @@ class PoolModel:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        mean_resident = workload.isl.mean + workload.osl.mean * self.tokens_per_step / 2  # (output in steps)
+        # a resident sequence's context is length-biased (``running_context``; the output counted in steps)
+        mean_resident = workload.isl.mean + (running_context(workload) - workload.isl.mean) * self.tokens_per_step
         vals, weights = workload.isl.points()
         room = np.maximum(self.kv_budget_bytes - self.kv_seq_bytes(vals), 0.0)
         limit = float(np.sum(weights * (np.floor(room / float(self.kv_seq_bytes(mean_resident))) + 1)))
