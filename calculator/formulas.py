@@ -1116,7 +1116,7 @@ batch_step_variance = Formula(
     name="batch_step_variance",
     section="queueing and serving",
     unit="s^2",
-    doc="Variance of the decode step over the batch's distribution, for a step t_0 + t' n linear in the batch. Every sequence more slows every step, so lifetimes stretch as the batch grows: a birth-death batch of births lambda and deaths n / (n_out (t_0 + t' n)) (a processor-sharing queue, insensitive to the output-length distribution) is negative binomial, of variance B / (1 - rho_d), rho_d = lambda n_out t'; Poisson (M/G/infinity) at rho_d = 0. A decode instance without prompts takes the same product form over its own step curve instead (``serving.base.batch_step_variance``).",
+    doc="Variance of the decode step over the batch's distribution, for a step t_0 + t' n linear in the batch. Every sequence more slows every step, so lifetimes stretch as the batch grows: a birth-death batch of births lambda and deaths n / (n_out (t_0 + t' n)) (a processor-sharing queue, insensitive to the output-length distribution) is negative binomial, of variance B / (1 - rho_d), rho_d = lambda n_out t'; Poisson (M/G/infinity) at rho_d = 0. A decode instance without prompts takes the same product form over its own step curve instead (``serving.base.product_form_step_variance``).",
     args=("B", "rho_d", "t_slope"),
     latex="\\frac{B {t'_{d}}^{2}}{1 - \\rho_{d}}",
     fn=_batch_step_variance,

@@ -592,7 +592,7 @@ batch_step_variance = _formula(
     "lambda and deaths n / (n_out (t_0 + t' n)) (a processor-sharing queue, insensitive to the output-length "
     "distribution) is negative binomial, of variance B / (1 - rho_d), rho_d = lambda n_out t'; Poisson "
     "(M/G/infinity) at rho_d = 0. A decode instance without prompts takes the same product form over its "
-    "own step curve instead (``serving.base.batch_step_variance``).",
+    "own step curve instead (``serving.base.product_form_step_variance``).",
 )
 tpot_batch_variance = _formula(
     "tpot_batch_variance",

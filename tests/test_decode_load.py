@@ -17,7 +17,7 @@ import calculator as pc
 from calculator import formulas as f
 from calculator.serving import Workload, analyse
 from calculator.serving import simulate as sim
-from calculator.serving.base import PoolModel, batch_step_variance
+from calculator.serving.base import PoolModel, product_form_step_variance
 from calculator.serving.workload import running_context
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -62,7 +62,7 @@ def test_batch_variance_is_negative_binomial_at_a_linear_step():
 
 
 class _LinearStep:
-    """A pool model stand-in whose decode table is the line t0 + s n (what ``batch_step_variance`` reads)."""
+    """A pool model stand-in whose decode table is the line t0 + s n (what ``product_form_step_variance`` reads)."""
 
     def __init__(self, t0: float, s: float) -> None:
         self.t0, self.s = t0, s
@@ -76,12 +76,12 @@ def test_product_form_over_a_linear_step_is_the_negative_binomial():
     lam, osl, t0, s = np.array([10.0, 40.0]), 250.0, 4e-3, 6e-5
     rho = lam * osl * s
     batch = lam * osl * t0 / (1 - rho)  # the fixed point B = lambda osl t(B)
-    v = batch_step_variance(_LinearStep(t0, s), 0.0, lam, osl, 10_000, batch, rho)
+    v = product_form_step_variance(_LinearStep(t0, s), 0.0, lam, osl, 10_000, batch, rho)
     # the mean of the product form is B + rho / (1 - rho) (it sees t(n + 1)), its variance B' / (1 - rho)
     exact = s**2 * (batch + rho / (1 - rho)) / (1 - rho)
     np.testing.assert_allclose(v, exact, rtol=1e-3)
     # truncated at the batch limit, the spread shrinks
-    capped = batch_step_variance(_LinearStep(t0, s), 0.0, lam, osl, float(batch[1]), batch, rho)
+    capped = product_form_step_variance(_LinearStep(t0, s), 0.0, lam, osl, float(batch[1]), batch, rho)
     assert capped[1] < 0.5 * v[1]
 
 
@@ -161,3 +161,15 @@ def test_kv_limit_holds_the_length_biased_resident_sequences():
     running = float(np.average(b, weights=t))
     assert 70 < running < 85
     assert pm.kv_limit(w) == pytest.approx(running, rel=0.02)
+
+
+def test_kv_limit_follows_the_output_spread_on_one_pool_model():
+    # the cached limit is per output-length distribution, not per mean: the same mean with cv 1 holds fewer
+    m = pc.load_model("llama-3.1-8b")
+    gpu = pc.load_gpu("h100-sxm").model_copy(update={"memory_runtime_mib": None, "hbm_gb": 30.0})
+    even = Workload(rate=1.0, isl=600, osl=250)
+    spread = Workload(rate=1.0, isl=600, osl={"mean": 250, "cv": 1.0})
+    pm = PoolModel.build(m, pc.Pool(gpu="h100-sxm"), even, gpu)
+    first = pm.kv_limit(even)
+    assert pm.kv_limit(spread) < first  # resident at 600 + 250 x 2 / 2 tokens, not 600 + 125
+    assert pm.kv_limit(even) == first

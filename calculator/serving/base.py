@@ -311,8 +311,8 @@ class PoolModel:
         longer, ``running_context``), a prompt of l tokens joins when
         n kv(m) + kv(l) <= M: the engine runs floor((M - kv(l)) / kv(m)) + 1 sequences, an integer
         (13 where M / kv(m) is 13.9), averaged over the prompt-length distribution. A lone request is
-        always admitted. Cached per prompt-length distribution and mean output (a plan asks often)."""
-        key = ("kv_limit", workload.isl, float(workload.osl.mean))
+        always admitted. Cached per prompt- and output-length distribution (a plan asks often)."""
+        key = ("kv_limit", workload.isl, workload.osl)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -762,19 +762,19 @@ def decode_load(lam, w: Workload, slope, rho=0.0) -> np.ndarray:
 
 
 PRODUCT_FORM_SPREADS = 6.0
-"""Half-width of the batch states ``batch_step_variance`` sums over, in standard deviations of the
+"""Half-width of the batch states ``product_form_step_variance`` sums over, in standard deviations of the
 negative binomial (plus ten states)."""
 MAX_PRODUCT_FORM_STATES = 4096
-"""Most batch states ``batch_step_variance`` sums over per rate (a bound on the work per call)."""
+"""Most batch states ``product_form_step_variance`` sums over per rate (a bound on the work per call)."""
 
 
-def batch_step_variance(pm: PoolModel, context: float, lam, osl_mean: float, limit: float, batch, rho_d
+def product_form_step_variance(pm: PoolModel, context: float, lam, osl_mean: float, limit: float, batch, rho_d
                         ) -> np.ndarray:
     """Variance of the decode step a request sees, t(N + 1), over the batch N of a decode instance
     without prompts, s^2: the product form pi(n) ~ prod_{k <= n} lambda osl t(k) / k of the
     birth-death batch (births lambda, deaths n / (osl t(n))), over the instance's own step curve and
     up to the batch limit. It is insensitive to the output-length distribution (a processor-sharing
-    queue). On a linear step it is ``batch_step_variance`` (negative binomial); the real curve is
+    queue). On a linear step it is the formula ``batch_step_variance`` (negative binomial); the real curve is
     concave where more sequences touch fewer new experts (an MoE at a small batch: there the line's
     spread is too wide) and convex where a step turns compute-bound. Summed over a window of states
     about the mean batch (``PRODUCT_FORM_SPREADS`` negative-binomial deviations)."""
@@ -817,7 +817,7 @@ def tpot_tail(tpot_mean, rho, lam, x_mean, x_cv2: float, w: Workload, slope, bat
     ``slope`` (one more sequence's step time) x osl / 2. The batch: the spread of the batch it decodes
     with, which grows with the decode load lambda osl slope / (1 - rho) (``tpot_batch_variance``):
     ``step_variance`` (the step's variance over the batch's distribution, s^2) where the caller has it
-    from the step curve (``batch_step_variance``), else that of a linear step (negative binomial).
+    from the step curve (``product_form_step_variance``), else that of a linear step (negative binomial).
     ``rho`` is the prompts' time share (the amplification of the mean TPOT).
     """
     x_eff = x_mean + slope * w.osl.mean / 2

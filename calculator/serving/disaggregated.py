@@ -35,7 +35,6 @@ from .base import (
     PrefillService,
     SlotQueue,
     _erf,
-    batch_step_variance,
     decode_fixed_point,
     decode_load,
     decode_step_at,
@@ -44,6 +43,7 @@ from .base import (
     excess_sum,
     first_root,
     gamma_arrival_wait_probability,
+    product_form_step_variance,
     quantile_table_tail,
     queue_wait,
     tpot_tail,
@@ -404,7 +404,7 @@ def _decode_side(dec: PoolModel, w: Workload, lam_d: np.ndarray, p: float) -> tu
     # largest TPOT, which bounds the tail, and the hold of a slot while requests queue for one
     tpot_full = t_d + slope * np.maximum(np.floor(limit) - b_cap, 0.0)
     # no prompts stretch the lifetimes here: the batch's spread is the product form over the step curve
-    step_var = batch_step_variance(dec, ctx, lam_d, w.osl.mean, limit, b_cap, decode_load(lam_d, w, slope))
+    step_var = product_form_step_variance(dec, ctx, lam_d, w.osl.mean, limit, b_cap, decode_load(lam_d, w, slope))
     tpot_var, tpot_p = tpot_tail(tpot, zero, lam_d, zero, 0.0, w, slope, b_cap, p, step_var)
     tpot_p = np.minimum(tpot_p, np.maximum(tpot_full, tpot))
     life = w.osl.mean * tpot
