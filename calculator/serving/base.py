@@ -769,14 +769,14 @@ MAX_PRODUCT_FORM_STATES = 4096
 
 
 def product_form_step_variance(pm: PoolModel, context: float, lam, osl_mean: float, limit: float, batch, rho_d
-                        ) -> np.ndarray:
+                               ) -> np.ndarray:
     """Variance of the decode step a request sees, t(N + 1), over the batch N of a decode instance
     without prompts, s^2: the product form pi(n) ~ prod_{k <= n} lambda osl t(k) / k of the
     birth-death batch (births lambda, deaths n / (osl t(n))), over the instance's own step curve and
     up to the batch limit. It is insensitive to the output-length distribution (a processor-sharing
-    queue). On a linear step it is the formula ``batch_step_variance`` (negative binomial); the real curve is
-    concave where more sequences touch fewer new experts (an MoE at a small batch: there the line's
-    spread is too wide) and convex where a step turns compute-bound. Summed over a window of states
+    queue). On a linear step it is the formula ``batch_step_variance`` (negative binomial); the real
+    curve is concave where more sequences touch fewer new experts (an MoE at a small batch: there the
+    line's spread is too wide) and convex where a step turns compute-bound. Summed over a window of states
     about the mean batch (``PRODUCT_FORM_SPREADS`` negative-binomial deviations)."""
     lam = np.asarray(lam, dtype=float)
     shape = np.broadcast_shapes(lam.shape, np.shape(batch), np.shape(rho_d))
