@@ -76,6 +76,7 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "n_k": ("n_{k}", "kernel launches", "kernels"),
     "tau_k": ("\\tau_{k}", "latency per kernel", "s"),
     "T_half": ("T_{1/2}", "tokens in a step at which the linear layers reach half their fitted compute efficiency", "tokens"),
+    "r_gemv": ("r_{gemv}", "how many times faster than eta_m a linear layer of one row (a GEMV) streams its weights", "1"),
     "n_blk": ("n_{blk}", "thread blocks a decode attention kernel runs: sequences x KV heads on one GPU", "blocks"),
     "beta_blk": ("\\beta_{blk}", "KV bandwidth one decode attention thread block streams, walking one sequence's cache for one KV head", "B/s"),
     "g_graph": ("g_{graph}", "share of the per-kernel launch latency a step replayed from a CUDA graph still pays", "1"),
@@ -615,6 +616,22 @@ gemm_compute_efficiency = Formula(
     args=("T", "T_half", "eta_c"),
     latex="\\frac{T \\eta_{c}}{T + T_{1/2}}",
     fn=_gemm_compute_efficiency,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _gemm_memory_efficiency(T: Any, eta_m: Any, r_gemv: Any) -> Any:
+    return numpy.select([numpy.less_equal(T, 1),True], [eta_m*r_gemv,eta_m], default=numpy.nan)
+
+
+gemm_memory_efficiency = Formula(
+    name="gemm_memory_efficiency",
+    section="roofline and communication",
+    unit="1",
+    doc="Memory efficiency of a step's linear layers (GEMMs of T rows): eta_m, or r_gemv x eta_m where a layer has one row (T = 1: a lone decode, a prompt's LM head). CPU BLAS runs a one-row layer as a GEMV that streams the weights once, but packs them into panels before a GEMM of two or more rows, so a one-row step there reads its weights about twice as fast; r_gemv = 1 (every GPU default): a GEMV streams as fast as any GEMM.",
+    args=("T", "eta_m", "r_gemv"),
+    latex="\\begin{cases} \\eta_{m} r_{gemv} & \\text{for}\\: T \\leq 1 \\\\\\eta_{m} & \\text{otherwise} \\end{cases}",
+    fn=_gemm_memory_efficiency,
     symbol_table=SYMBOL_TABLE,
 )
 
@@ -1284,6 +1301,7 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     expected_experts_touched,
     roofline_time,
     gemm_compute_efficiency,
+    gemm_memory_efficiency,
     decode_attention_memory_efficiency,
     launch_latency,
     sequence_overhead_time,

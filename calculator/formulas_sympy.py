@@ -90,6 +90,8 @@ n_k = _sym("n_k", "kernel launches", "kernels", "n_{k}")
 tau_k = _sym("tau_k", "latency per kernel", "s", r"\tau_{k}")
 T_half = _sym("T_half", "tokens in a step at which the linear layers reach half their fitted compute efficiency", "tokens",
               r"T_{1/2}")
+r_gemv = _sym("r_gemv", "how many times faster than eta_m a linear layer of one row (a GEMV) streams its weights",
+               "1", r"r_{gemv}")
 n_blk = _sym("n_blk", "thread blocks a decode attention kernel runs: sequences x KV heads on one GPU", "blocks",
              r"n_{blk}")
 beta_blk = _sym("beta_blk", "KV bandwidth one decode attention thread block streams, walking one sequence's cache "
@@ -326,6 +328,15 @@ gemm_compute_efficiency = _formula(
     "Compute efficiency of a step's linear layers (GEMMs of T rows): the fitted peak eta_c, rolled off for few "
     "rows (a decode batch, a short prompt), where tensor-core tiles run part-empty and too few thread blocks hide "
     "the memory latency; half of eta_c at T = T_1/2. T_1/2 = 0 (the bundled GPU defaults): eta_c at every size.",
+)
+gemm_memory_efficiency = _formula(
+    "gemm_memory_efficiency",
+    sp.Piecewise((eta_m * r_gemv, T <= 1), (eta_m, True)),
+    "1",
+    "Memory efficiency of a step's linear layers (GEMMs of T rows): eta_m, or r_gemv x eta_m where a layer has one "
+    "row (T = 1: a lone decode, a prompt's LM head). CPU BLAS runs a one-row layer as a GEMV that streams the weights "
+    "once, but packs them into panels before a GEMM of two or more rows, so a one-row step there reads its weights "
+    "about twice as fast; r_gemv = 1 (every GPU default): a GEMV streams as fast as any GEMM.",
 )
 decode_attention_memory_efficiency = _formula(
     "decode_attention_memory_efficiency",

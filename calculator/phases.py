@@ -119,7 +119,7 @@ class Setup:
             beta_hbm=g.hbm_bytes_per_s, eta_c=eff.compute, eta_m=eff.memory, eta_l=eff.link,
             tau_k=eff.kernel_latency_us * 1e-6, alpha=eff.collective_latency_us * 1e-6,
             o_seq=eff.sequence_overhead_us * 1e-6, T_half=eff.gemm_half_tokens, g_graph=eff.decode_graph_launch,
-            beta_blk=eff.decode_attention_block_gb_s * 1e9,
+            beta_blk=eff.decode_attention_block_gb_s * 1e9, r_gemv=eff.gemv_speedup,
         )
         object.__setattr__(self, "values", v)
         object.__setattr__(self, "tp_link_bytes_per_s", group_link_bytes_per_s(g, self.tp))
@@ -220,6 +220,9 @@ class Group:
     latency_s: np.ndarray
     communication: bool = False
     """A collective or send (its time is the link's), not a roofline group."""
+    one_row: np.ndarray | None = None
+    """Per element, whether the group is a linear layer of one row (a GEMV: ``gemm_memory_efficiency``);
+    None: not a linear layer."""
 
     @cached_property
     def bound(self) -> np.ndarray:
@@ -242,14 +245,16 @@ class Group:
             return a[i] if a.ndim else a  # a quantity that does not vary along the sweep is 0-d
 
         return Group(self.name, pick(self.flops), pick(self.bytes), pick(self.time_s), self.formula,
-                     pick(self.compute_s), pick(self.memory_s), pick(self.latency_s), self.communication)
+                     pick(self.compute_s), pick(self.memory_s), pick(self.latency_s), self.communication,
+                     None if self.one_row is None else pick(self.one_row))
 
 
 def _roofline(name: str, flops, bytes_, peak, kernels, setup: Setup, share: float = 1.0, tokens=None,
               graph: bool = False, blocks=None) -> Group:
     """An operator group's roofline time; ``share`` scales both efficiencies (the decode attention kernel's).
     ``tokens``: the rows of a linear layer's GEMMs, whose compute efficiency rolls off below ``T_half``
-    (``gemm_compute_efficiency``); ``graph``: a decode step replayed from a CUDA graph (``launch_latency``);
+    (``gemm_compute_efficiency``) and whose weights stream faster at one row where ``r_gemv`` says so
+    (``gemm_memory_efficiency``); ``graph``: a decode step replayed from a CUDA graph (``launch_latency``);
     ``blocks``: the thread blocks of a decode attention kernel, whose memory efficiency they cap
     (``decode_attention_memory_efficiency``)."""
     v = setup.values
@@ -258,7 +263,10 @@ def _roofline(name: str, flops, bytes_, peak, kernels, setup: Setup, share: floa
     eta_c = v["eta_c"]
     if tokens is not None and v["T_half"] > 0:
         eta_c = np.asarray(f.gemm_compute_efficiency(v, T=np.maximum(np.asarray(tokens, dtype=float), 1e-9)))
-    eta_c, eta_m = eta_c * share, v["eta_m"] * share
+    eta_m = v["eta_m"]
+    if tokens is not None and v["r_gemv"] != 1.0:
+        eta_m = np.asarray(f.gemm_memory_efficiency(v, T=np.asarray(tokens, dtype=float)))
+    eta_c, eta_m = eta_c * share, eta_m * share
     if blocks is not None and v["beta_blk"] > 0:
         # at least one block: a step with no decodes (a lone prompt's step) reads no decode KV at all
         n_blk = np.maximum(np.asarray(blocks, dtype=float), 1.0)
@@ -270,7 +278,9 @@ def _roofline(name: str, flops, bytes_, peak, kernels, setup: Setup, share: floa
     memory_s = bytes_ / (v["beta_hbm"] * eta_m)
     latency_s = kernels * tau_k
     zero = np.zeros_like(t)
-    return Group(name, flops, bytes_, t, "roofline_time", compute_s + zero, memory_s + zero, latency_s + zero)
+    one_row = None if tokens is None else (np.asarray(tokens, dtype=float) <= 1) | (zero != 0)
+    return Group(name, flops, bytes_, t, "roofline_time", compute_s + zero, memory_s + zero, latency_s + zero,
+                 one_row=one_row)
 
 
 def _mla_dims(m: ModelSpec, phase: Phase) -> tuple[float, float]:

@@ -67,6 +67,11 @@ class Efficiency(_Record):
     gemm_half_tokens: float = Field(default=0.0, ge=0, le=1e6, description="tokens in a step at which the linear "
                                     "layers reach half the compute efficiency (``gemm_compute_efficiency``: "
                                     "compute x T / (T + this)); 0: compute at every size (the bundled GPU defaults)")
+    gemv_speedup: float = Field(default=1.0, ge=0.1, le=10, description="how many times faster than ``memory`` a "
+                                "linear layer of one row (a lone decode, a prompt's LM head) streams its weights "
+                                "(``gemm_memory_efficiency``): CPU BLAS runs it as a GEMV that reads the weights "
+                                "once, where a GEMM of two or more rows packs them first; fitted by the CPU "
+                                "microbenchmark; 1: as any GEMM (the bundled GPU defaults)")
     decode_attention_block_gb_s: float = Field(default=0.0, ge=0, le=1e5, description="KV bandwidth one decode "
                                                "attention thread block streams (one sequence, one KV head), GB/s: "
                                                "a decode step with few sequences x KV heads per GPU reads its cache "

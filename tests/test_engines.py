@@ -55,6 +55,28 @@ def test_gemm_roll_off_halves_compute_efficiency_at_t_half() -> None:
             pytest.approx(float(_group(step_groups(plain, tokens, 0.0, 1.0, "prefill"), "attention").compute_s))
 
 
+def test_gemv_speedup_applies_to_one_row_linear_layers_only() -> None:
+    """A CPU's GEMV streams weights faster than its small GEMMs: ``gemm_memory_efficiency`` is r x eta_m at one row
+    and eta_m from two; the attention core is no linear layer and keeps eta_m."""
+    assert float(f.gemm_memory_efficiency(eta_m=0.3, r_gemv=2.5, T=1.0)) == pytest.approx(0.75)
+    assert float(f.gemm_memory_efficiency(eta_m=0.3, r_gemv=2.5, T=2.0)) == pytest.approx(0.3)
+    m = load_model("llama-3.1-8b")
+    plain = setup_for(m, _gpu(memory=0.3), tp=1)
+    fast = setup_for(m, _gpu(memory=0.3, gemv_speedup=2.5), tp=1)
+    one, two = step_groups(fast, 1.0, 2000.0, 1.0, "decode"), step_groups(fast, 1.0, 2000.0, 2.0, "decode")
+    one_p, two_p = step_groups(plain, 1.0, 2000.0, 1.0, "decode"), step_groups(plain, 1.0, 2000.0, 2.0, "decode")
+    for name in ("attention_proj", "mlp", "lm_head"):
+        assert float(_group(one, name).memory_s) == pytest.approx(float(_group(one_p, name).memory_s) / 2.5)
+        assert float(_group(two, name).memory_s) == pytest.approx(float(_group(two_p, name).memory_s))
+        assert bool(_group(one, name).one_row) and not bool(_group(two, name).one_row)
+    assert float(_group(one, "attention").memory_s) == pytest.approx(float(_group(one_p, "attention").memory_s))
+    assert _group(one, "attention").one_row is None
+    # a one-prompt prefill: its LM head (the last position only) is a GEMV, its projections GEMMs of 64 rows
+    pre, pre_p = step_groups(fast, 64.0, 0.0, 1.0, "prefill"), step_groups(plain, 64.0, 0.0, 1.0, "prefill")
+    assert float(_group(pre, "lm_head").memory_s) == pytest.approx(float(_group(pre_p, "lm_head").memory_s) / 2.5)
+    assert float(_group(pre, "mlp").memory_s) == pytest.approx(float(_group(pre_p, "mlp").memory_s))
+
+
 def test_cuda_graph_share_applies_to_decode_only_steps() -> None:
     m = load_model("llama-3.1-8b")
     launched = setup_for(m, _gpu(kernel_latency_us=5.0), tp=1)

@@ -107,6 +107,22 @@ def test_fit_recovers_known_constants():
     assert fit.rms_rel_error < 0.005
 
 
+def test_fit_recovers_a_known_gemv_speedup():
+    """Steps whose one-row linear layers stream 2.24x faster (batch-1 decodes, every batch-1 prompt's LM head):
+    the fit finds the speedup on its grid and the constants with it; without the option it cannot."""
+    from calculator.microbench.fit import GEMV_SPEEDUPS
+
+    d = _synthetic_design()
+    r = float(GEMV_SPEEDUPS[7])
+    truth = Efficiency(compute=0.7, memory=0.3, kernel_latency_us=40.0, step_overhead_us=300.0, gemv_speedup=r)
+    y = d.predict_s(truth)
+    assert not np.allclose(y, d.predict_s(truth.model_copy(update={"gemv_speedup": 1.0})))
+    fit = fit_efficiency(d, y, gemv=True)
+    assert fit.efficiency.gemv_speedup == pytest.approx(r)
+    assert fit.efficiency.memory == pytest.approx(0.3, rel=0.01) and fit.rms_rel_error < 0.005
+    assert fit_efficiency(d, y).rms_rel_error > 0.02
+
+
 def test_fit_with_noise_stays_close_and_physical():
     d = _synthetic_design()
     truth = Efficiency(compute=0.85, memory=0.4, kernel_latency_us=100.0, step_overhead_us=0.0)

@@ -159,9 +159,10 @@ def test_a_graph_launch_share_scales_only_the_decode_rows_kernels():
 
 
 def test_which_constants_each_kind_of_run_fits():
-    assert fit_options("cpu", "eager") == {"attention": False, "graph": False, "per_sequence": False}
-    assert fit_options("cuda", "eager") == {"attention": True, "graph": False, "per_sequence": False}
-    assert fit_options("cuda", "cuda_graph") == {"attention": True, "graph": True, "per_sequence": False}
+    assert fit_options("cpu", "eager") == {"attention": False, "graph": False, "per_sequence": False, "gemv": True}
+    assert fit_options("cuda", "eager") == {"attention": True, "graph": False, "per_sequence": False, "gemv": False}
+    assert fit_options("cuda", "cuda_graph") == {"attention": True, "graph": True, "per_sequence": False,
+                                                 "gemv": False}
 
 
 # ------------------------------------------------------------------------------------------- the H200 records

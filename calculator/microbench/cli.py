@@ -96,7 +96,8 @@ def summary(report) -> str:  # type: ignore[no-untyped-def]
         f"{'quick' if report.quick else 'full'} grid, {report.wall_s:.0f} s"),
         f"ceilings: {c.matmul_flops_per_s / 1e9:.0f} GFLOP/s matmul, {c.memory_bytes_per_s / 1e9:.1f} GB/s copy",
         (f"fitted: eta_c {eff.compute:.3f}, eta_m {eff.memory:.3f}, kernel latency {eff.kernel_latency_us:.1f} us, "
-        f"step overhead {eff.step_overhead_us:.0f} us"),
+        f"step overhead {eff.step_overhead_us:.0f} us"
+        + (f", GEMV speedup {eff.gemv_speedup:.2f}" if eff.gemv_speedup != 1.0 else "")),
     ]
     for ph in ("prefill", "decode"):
         e = report.error(ph)

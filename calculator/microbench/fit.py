@@ -14,7 +14,7 @@ itself; ``run`` checks that both agree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -42,6 +42,8 @@ class Design:
     # Efficiency.decode_attention; prefill rows run prompt attention at the GEMM efficiencies)
     decode_rows: np.ndarray | None = None  # which rows are decode steps
     steps: np.ndarray | None = None  # forward steps per row (each pays the step overhead); None: one each
+    gemv_memory_s: np.ndarray | None = None  # the part of memory_s in linear layers of one row (a GEMV: it runs
+    # Efficiency.gemv_speedup times faster, ``gemm_memory_efficiency``); None: none
 
     @staticmethod
     def concat(parts: list[Design]) -> Design:
@@ -54,13 +56,18 @@ class Design:
         cols = {p.attention for p in parts}
         rows = None if any(p.decode_rows is None for p in parts) else np.concatenate([p.decode_rows for p in parts])
         steps = np.concatenate([p.step_counts for p in parts])
+        gemv = np.concatenate([pad(p.gemv_part) for p in parts])
         return Design(np.concatenate([pad(p.compute_s) for p in parts]), np.concatenate([pad(p.memory_s) for p in parts]),
                       np.concatenate([p.kernels for p in parts]), seqs, cols.pop() if len(cols) == 1 else None, rows,
-                      steps)
+                      steps, gemv)
 
     @property
     def step_counts(self) -> np.ndarray:
         return np.ones_like(self.kernels) if self.steps is None else self.steps
+
+    @property
+    def gemv_part(self) -> np.ndarray:
+        return np.zeros_like(self.memory_s) if self.gemv_memory_s is None else self.gemv_memory_s
 
     def summed(self) -> Design:
         """One row: the steps of every row run one after the other (a prompt prefilled in chunks). Each group's
@@ -70,12 +77,13 @@ class Design:
 
         rows = None if self.decode_rows is None else self.decode_rows[:1] & np.all(self.decode_rows)
         return Design(total(self.compute_s), total(self.memory_s), total(self.kernels), total(self.sequences),
-                      self.attention, rows, total(self.step_counts))
+                      self.attention, rows, total(self.step_counts), total(self.gemv_memory_s))
 
     def take(self, index: np.ndarray) -> Design:
         return Design(self.compute_s[index], self.memory_s[index], self.kernels[index],
                       None if self.sequences is None else self.sequences[index], self.attention,
-                      None if self.decode_rows is None else self.decode_rows[index], self.step_counts[index])
+                      None if self.decode_rows is None else self.decode_rows[index], self.step_counts[index],
+                      None if self.gemv_memory_s is None else self.gemv_memory_s[index])
 
     def scaled(self, decode_attention: float) -> Design:
         """The design with the attention group's ceiling times in decode rows divided by ``decode_attention``
@@ -85,7 +93,7 @@ class Design:
         c, m = self.compute_s.copy(), self.memory_s.copy()
         c[self.decode_rows, self.attention] /= decode_attention
         m[self.decode_rows, self.attention] /= decode_attention
-        return Design(c, m, self.kernels, self.sequences, self.attention, self.decode_rows, self.steps)
+        return replace(self, compute_s=c, memory_s=m)
 
     def graphed(self, decode_graph_launch: float) -> Design:
         """The design with the kernel counts of decode rows times ``decode_graph_launch`` (the share of the per-kernel
@@ -94,10 +102,18 @@ class Design:
             return self
         k = self.kernels.astype(float).copy()
         k[self.decode_rows] *= decode_graph_launch
-        return Design(self.compute_s, self.memory_s, k, self.sequences, self.attention, self.decode_rows, self.steps)
+        return replace(self, kernels=k)
+
+    def gemv(self, gemv_speedup: float) -> Design:
+        """The design with the memory time of one-row linear layers divided by ``gemv_speedup`` (``Efficiency.
+        gemv_speedup``, ``gemm_memory_efficiency``), so that one memory efficiency covers GEMVs and GEMMs."""
+        if self.gemv_memory_s is None or gemv_speedup == 1.0:
+            return self
+        return replace(self, memory_s=self.memory_s - self.gemv_memory_s * (1.0 - 1.0 / gemv_speedup),
+                       gemv_memory_s=self.gemv_memory_s / gemv_speedup)
 
     def predict_s(self, eff: Efficiency) -> np.ndarray:
-        d = self.scaled(eff.decode_attention).graphed(eff.decode_graph_launch)
+        d = self.scaled(eff.decode_attention).graphed(eff.decode_graph_launch).gemv(eff.gemv_speedup)
         roof = np.maximum(d.compute_s / eff.compute, d.memory_s / eff.memory).sum(axis=1)
         per_seq = 0.0 if self.sequences is None else self.sequences * eff.sequence_overhead_us * 1e-6
         return (roof + d.kernels * eff.kernel_latency_us * 1e-6 + self.step_counts * eff.step_overhead_us * 1e-6
@@ -126,6 +142,8 @@ def design(m: ModelSpec, device: GPUSpec, phase: str, tokens: np.ndarray, batch:
         np.broadcast_to(batch, shape).astype(float),  # a prefill of b prompts or b decodes: b sequences
         next(i for i, g in enumerate(groups) if g.name == "attention"),
         np.full(shape, phase == "decode"),
+        gemv_memory_s=np.stack([np.where(np.broadcast_to(g.one_row, shape), np.broadcast_to(g.memory_s, shape), 0.0)
+                                if g.one_row is not None else np.zeros(shape) for g in groups], axis=1),
     )
 
 
@@ -191,29 +209,33 @@ def _nonneg_lstsq(a: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 ATTENTION_SHARES = np.geomspace(0.02, 1.0, 25)
 GRAPH_SHARES = np.geomspace(0.02, 1.0, 9)
+GEMV_SPEEDUPS = np.geomspace(1.0, 4.0, 13)
 
 
 def fit_efficiency(d: Design, measured_s: np.ndarray, cells: int = 48, passes: int = 5,
                    fitted_on: str | None = None, per_sequence: bool = False, attention: bool = False,
-                   graph: bool = False) -> Fit:
+                   graph: bool = False, gemv: bool = False) -> Fit:
     """``_fit_efficiency``; with ``attention`` also the decode attention kernel's share of the efficiencies
-    (``Efficiency.decode_attention``, on a geometric grid from 0.02 to 1), and with ``graph`` the share of the
+    (``Efficiency.decode_attention``, on a geometric grid from 0.02 to 1), with ``graph`` the share of the
     per-kernel latency a decode step replayed from a CUDA graph pays (``Efficiency.decode_graph_launch``, a grid
-    from 0.02 to 1): the best fit over the grids."""
+    from 0.02 to 1), and with ``gemv`` how many times faster one-row linear layers stream their weights
+    (``Efficiency.gemv_speedup``, a grid from 1 to 4): the best fit over the grids."""
     if attention and d.attention is None:
         raise ValueError("attention: the design has no attention group")
     if graph and d.decode_rows is None:
         raise ValueError("graph: the design does not mark its decode rows")
-    best: tuple[Fit, float, float] | None = None
+    best: tuple[Fit, float, float, float] | None = None
     for a in ATTENTION_SHARES if attention else (1.0,):
         for g in GRAPH_SHARES if graph else (1.0,):
-            fit = _fit_efficiency(d.scaled(float(a)).graphed(float(g)), measured_s, cells, passes, fitted_on,
-                                  per_sequence)
-            if best is None or fit.rms_rel_error < best[0].rms_rel_error:
-                best = (fit, float(a), float(g))
+            for r in GEMV_SPEEDUPS if gemv else (1.0,):
+                fit = _fit_efficiency(d.scaled(float(a)).graphed(float(g)).gemv(float(r)), measured_s, cells, passes,
+                                      fitted_on, per_sequence)
+                if best is None or fit.rms_rel_error < best[0].rms_rel_error:
+                    best = (fit, float(a), float(g), float(r))
     assert best is not None
-    fit, a, g = best
-    return Fit(fit.efficiency.model_copy(update={"decode_attention": a, "decode_graph_launch": g}), fit.rms_rel_error)
+    fit, a, g, r = best
+    return Fit(fit.efficiency.model_copy(update={"decode_attention": a, "decode_graph_launch": g,
+                                                 "gemv_speedup": r}), fit.rms_rel_error)
 
 
 def _fit_efficiency(d: Design, measured_s: np.ndarray, cells: int = 48, passes: int = 5,

@@ -133,11 +133,11 @@ def markdown(r: ValidationReport, plot: str = "plot.png") -> str:
         "## Fitted constants",
         "",
         "| compute efficiency η_c | memory efficiency η_m | kernel latency | step overhead | cost per sequence | "
-        "decode attention share | decode graph launch share | fit points | rms relative error on them |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "decode attention share | decode graph launch share | GEMV speedup | fit points | rms relative error on them |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         (f"| {eff.compute:.3f} | {eff.memory:.3f} | {eff.kernel_latency_us:.1f} µs | {eff.step_overhead_us:.0f} µs | "
          f"{eff.sequence_overhead_us:.1f} µs | {eff.decode_attention:.3g} | {eff.decode_graph_launch:.3g} | "
-         f"{r.fit.n_points} | {_pct(r.fit.rms_rel_error)} |"),
+         f"{eff.gemv_speedup:.3g} | {r.fit.n_points} | {_pct(r.fit.rms_rel_error)} |"),
         "",
         f"Method: {r.fit.method}. Link efficiency and collective latency are not fitted (one device).",
         "",
