@@ -57,6 +57,34 @@ def test_the_binding_resource_is_named_with_a_finite_utilisation():
         assert r.binding in ("prefill interference", "prefill chunks")
 
 
+def test_a_stable_chunked_instance_has_a_finite_ttft_and_its_utilisation_counts_the_prompt_queue():
+    """The prompt queue of a chunked instance is stable while lambda x (the steps' time a prompt holds it) < 1.
+    The share of arrivals that find it busy (lambda x a prompt's first-step-to-first-token time) reaches 1
+    before that; it used to mark the TTFT infinite there while the instance was called stable at 0.75 of its
+    capacity (the committed vLLM run's chunk-256 instance from 12.6 req/s: every arrival waits, and the M/G/1
+    wait over the prompts' work is finite)."""
+    from calculator.enginebench.engine import CONFIGS
+    from calculator.enginebench.predict import capacity_rps, predict
+    from calculator.enginebench.reanalysis import measured_device
+    from calculator.enginebench.results import ServingReport
+    from pathlib import Path
+
+    committed = Path(__file__).resolve().parents[1] / "docs" / "validation" / "vllm-cpu-2026-12-02" / "report.json"
+    report = ServingReport.model_validate_json(committed.read_text(encoding="utf-8"))
+    cal = next(c for c in report.calibrations if c.config == "chunk256")
+    device = measured_device(report).model_copy(update={"efficiency": cal.efficiency})
+    cap = capacity_rps(CONFIGS["chunk256"], device, 512, 64, dtype=report.dtype)
+    ttft = []
+    for frac in (0.5, 0.9, 0.95, 0.99):
+        e = predict(CONFIGS["chunk256"], device, frac * cap, 512, 64, report.dtype)
+        assert e.stable and np.isfinite(e.ttft_by_percentile_s[50]) and np.isfinite(e.ttft_by_percentile_s[90])
+        assert e.utilisation < 1 and e.binding == "prefill chunks"
+        ttft.append(e.ttft_by_percentile_s[90])
+    assert ttft == sorted(ttft) and ttft[-1] > 3 * ttft[0]  # it grows towards the capacity, without a jump to inf
+    over = predict(CONFIGS["chunk256"], device, 1.02 * cap, 512, 64, report.dtype)
+    assert not over.stable and over.utilisation >= 1
+
+
 def test_capacity_is_never_below_the_planned_rate():
     # v1: best capacity_rps 3.33 < 3.58 (the 64-point rate grid quantised it down by up to 11%)
     p = pc.plan("llama-3.1-70b", pc.Workload(rate=3.58, isl=4000, osl=500), pc.SLO(ttft_s=2, tpot_s=0.05),

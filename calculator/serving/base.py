@@ -559,9 +559,10 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
     if busy_s is not None:
         # chunked prompts that hold the queue beyond their work: a queued one starts in its
         # predecessor's last, part-filled step, so its wait is not the rest of one prompt (exponential)
+        # (a probability: where lambda busy_s reaches 1 every arrival waits, and the M/G/1 wait over the
+        # prompts' work, finite while rho < 1, is all of it)
         cv2 = np.where(np.asarray(busy_s) > service.mean_s * (1 + 1e-9), 1.0, cv2)
         pw = np.clip(rate * busy_s, pw, 1.0)
-        ok = ok & (pw < 1)
     t_d = np.maximum(np.asarray(step_s, dtype=float), 1e-12)
     mean = (1 - pw) * t_d / 2 + wq
     if slots is None or not np.any(slots.matters(p)):

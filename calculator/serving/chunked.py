@@ -225,11 +225,13 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     occupancy = np.where(np.isfinite(batch), batch, demand) / limit
     # decode bandwidth: the marginal sequence's step time over the time the prompts leave to the decodes
     decode_load = lam * w.osl.mean * slope / np.where(rho_x < 1, np.maximum(1 - rho_x, 1e-3), 1.0)
-    stacked = np.stack(np.broadcast_arrays(rho_x, decode_load, occupancy))
+    # the prompts: the time share their extra work takes from the decodes (rho_x), and the prompt queue's own
+    # load (rho_prefill: lambda x the steps' time a prompt holds it, decode share included), stable below 1
+    stacked = np.stack(np.broadcast_arrays(rho_x, decode_load, occupancy, rho_prefill))
     stacked = np.where(np.isfinite(stacked), stacked, 1e9)
     util = stacked.max(axis=0)
     which = np.argmax(stacked, axis=0)
-    binding = np.where(which == 0, np.broadcast_to(interference, which.shape).astype(object),
+    binding = np.where((which == 0) | (which == 3), np.broadcast_to(interference, which.shape).astype(object),
                        np.where(which == 1, "decode bandwidth",
                                 "batch cap" if pm.batch_cap <= kv_limit else "KV memory"))
     stable = stable_decode & (util < 1)
