@@ -1366,10 +1366,21 @@ def validate(
                                                  "and report that error")] = None,
     cuda_graphs: Annotated[bool, typer.Option(help="time CUDA decode steps as CUDA-graph replays, as engines "
                                                    "run decode")] = True,
+    reanalyse: Annotated[Path | None, typer.Option(help="--serving: predict a saved report (DIR/report.json) again "
+                                                        "with this version, without an engine; --out (default: "
+                                                        "DIR) gets the new report")] = None,
 ) -> None:
     """Run the torch microbenchmark: measure a real transformer, calibrate, report held-out error
     (a progress bar with the time left on stderr). With --serving: drive a real engine with streaming
     Poisson traffic and compare pdplan's predicted TTFT/TPOT percentiles and saturation."""
+    if reanalyse is not None and not serving:
+        from .errors import InputError
+
+        raise InputError("reanalyse", "is for --serving reports (a microbenchmark run: python -m "
+                                      "calculator.microbench --reanalyse DIR)")
+    if serving and reanalyse is not None:
+        _reanalyse_serving(reanalyse, out_dir or reanalyse, as_json)
+        return
     if serving:
         _validate_serving(quick, out_dir, seed, as_json, engine, engine_python, requests)
         return
@@ -1423,7 +1434,6 @@ def _validate_serving(quick: bool, out_dir: Path | None, seed: int, as_json: boo
         ".engine-venv/bin/python" if Path(".engine-venv/bin/python").exists() else sys.executable)
     from . import enginebench
     from .enginebench.engine import EngineStartError
-    from .enginebench.report import checks, widening
 
     try:
         with _ProgressBar() as bar:
@@ -1433,6 +1443,37 @@ def _validate_serving(quick: bool, out_dir: Path | None, seed: int, as_json: boo
         raise CliFailure(EXIT_INPUT, str(e)) from None
     except (EngineStartError, RuntimeError) as e:
         raise CliFailure(EXIT_MEASUREMENT, f"the engine failed: {e}") from None
+    _print_serving(report, out_dir, as_json)
+
+
+def _reanalyse_serving(src: Path, out_dir: Path, as_json: bool) -> None:
+    from pydantic import ValidationError
+
+    from .enginebench.reanalysis import reanalyse
+    from .enginebench.results import ServingReport
+    from .errors import InputError
+
+    path = src / "report.json"
+    try:
+        report = ServingReport.model_validate_json(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise InputError("reanalyse", f"cannot read {path} ({e.strerror or e})") from None
+    except ValidationError as e:
+        raise InputError("reanalyse", f"{path} is not a serving report ({e.error_count()} errors; first at "
+                                      f"{'.'.join(map(str, e.errors()[0]['loc'])) or 'the top'})") from None
+    try:
+        report = reanalyse(report)
+    except ValueError as e:
+        raise InputError("reanalyse", str(e)) from None
+    if out_dir != src:
+        prepare_out_dir(out_dir)
+    _print_serving(report, out_dir, as_json)
+
+
+def _print_serving(report: Any, out_dir: Path | None, as_json: bool) -> None:
+    """Write (``out_dir``) and print a serving report: its checks, or the JSON."""
+    from .enginebench.report import checks, widening
+
     if out_dir is not None:
         from .enginebench.report import write_outputs
 
@@ -1442,8 +1483,8 @@ def _validate_serving(quick: bool, out_dir: Path | None, seed: int, as_json: boo
         return
     ck = checks(report, widening(report))
     out.print(escape(f"{report.engine} {report.engine_version} on {report.machine}: {len(report.points)} load points, "
-                     f"{report.wall_s / 60:.1f} min; {sum(k.passed for k in ck)} of {len(ck)} checks pass"),
-              highlight=False)
+                     f"{report.wall_s / 60:.1f} min; {sum(k.passed for k in ck)} of {len(ck)} checks pass"
+                     + (f" (predictions: {report.predicted_by})" if report.predicted_by else "")), highlight=False)
     for k in ck:
         out.print(escape(f"  {'pass' if k.passed else 'MISS'}  {k.name}: {k.detail}"), highlight=False)
     if out_dir is not None:

@@ -314,3 +314,97 @@ def test_a_cpu_without_native_bf16_serves_and_predicts_in_fp32() -> None:
     assert 1.6 < ratio <= 2.0
     big = predict.with_link(gpu, 512, 0.01, "fp32").scaleout_bandwidth_gb_s
     assert big == pytest.approx(2 * predict.with_link(gpu, 512, 0.01, "bf16").scaleout_bandwidth_gb_s)
+
+
+# --- the committed vLLM report, predicted again by this version (no engine) ----------------------------------
+COMMITTED = Path(__file__).resolve().parents[1] / "docs" / "validation" / "vllm-cpu-2026-12-02"
+
+
+def _committed() -> results.ServingReport:
+    return results.ServingReport.model_validate_json((COMMITTED / "report.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def reanalysed() -> results.ServingReport:
+    from calculator.enginebench.reanalysis import reanalyse
+
+    return reanalyse(_committed())
+
+
+def test_the_committed_report_is_this_versions_prediction(reanalysed: results.ServingReport) -> None:
+    """Every prediction, capacity, curve and fit in the committed report is what this version makes of its
+    measurements: a change to the step or serving model must reanalyse it (``pdplan validate --serving
+    --reanalyse docs/validation/vllm-cpu-2026-12-02``)."""
+    committed = _committed()
+    assert committed.predicted_by is not None and reanalysed.predicted_by is not None
+    drop = {"predicted_by"}  # carries the date of the reanalysis
+    assert reanalysed.model_dump(exclude=drop) == committed.model_dump(exclude=drop)
+
+
+def test_reanalysis_keeps_the_measurements_and_predicts_each_point(reanalysed: results.ServingReport) -> None:
+    from calculator.enginebench.engine import CONFIGS
+    from calculator.enginebench.reanalysis import measured_device
+
+    committed = _committed()
+    for old, new in zip(committed.points, reanalysed.points, strict=True):
+        assert (new.config, new.rate_rps, new.measured, new.engines) == (old.config, old.rate_rps, old.measured,
+                                                                         old.engines)
+        assert new.fraction_of_capacity == pytest.approx(new.rate_rps / new.predicted_capacity_rps, rel=1e-12)
+    # the chunk-64 instance's prediction at its middle rate, made by hand from its refitted calibration
+    cal = next(c for c in reanalysed.calibrations if c.config == "chunk64")
+    device = measured_device(committed).model_copy(update={"efficiency": cal.efficiency})
+    p = next(p for p in reanalysed.points if p.config == "chunk64" and 0.55 < p.fraction_of_capacity < 0.65)
+    e = predict.predict(CONFIGS["chunk64"], device, p.rate_rps, committed.isl, committed.osl, committed.dtype)
+    assert p.predicted.tpot_p50_s == pytest.approx(e.tpot_by_percentile_s[50], rel=1e-12)
+    assert p.predicted.ttft_p50_s == pytest.approx(e.ttft_by_percentile_s[50] + cal.front_end_request_s, rel=1e-12)
+
+
+def test_reanalysis_is_idempotent_and_splits_the_1p1d_move_as_the_run_did(reanalysed: results.ServingReport) -> None:
+    from calculator.enginebench.reanalysis import measured_device, reanalyse
+
+    twice = reanalyse(reanalysed)
+    assert [p.predicted for p in twice.points] == [p.predicted for p in reanalysed.points]
+    one = next(c for c in reanalysed.calibrations if c.config == "1p1d")
+    off = next(c for c in reanalysed.calibrations if c.config == "off")
+    # 1P1D runs as the chunking-off instance does, plus the connector: the move is the unloaded disaggregated
+    # TTFT less two front ends, the prefill and one decode step; the save is at most the move
+    assert one.efficiency == off.efficiency and one.steps == off.steps
+    device = measured_device(reanalysed).model_copy(update={"efficiency": off.efficiency})
+    move = (one.disaggregated_unloaded_ttft_s - 2 * off.front_end_request_s - predict.prefill_s(device, 512)
+            - predict.decode_step_s(device, 513))
+    assert one.transfer_s == pytest.approx(move, rel=1e-12) and 0 < one.save_s <= one.transfer_s
+    # 79.2 ms unloaded, of which the connector's move ~20.7 ms (14.4 ms saving on the prefill instance)
+    assert one.disaggregated_unloaded_ttft_s == pytest.approx(0.0792, abs=5e-4)
+    assert one.transfer_s == pytest.approx(0.0207, abs=1e-3) and one.save_s == pytest.approx(0.0144, abs=1e-3)
+
+
+def test_reanalysis_does_not_depend_on_the_recorded_memory() -> None:
+    """Reports before 2026-12-04 did not record the machine's RAM; the engine model's KV limit does not bind
+    above a few GB, so the fallback predicts what the machine's own memory would."""
+    from calculator.enginebench.reanalysis import FALLBACK_MEMORY_BYTES, measured_device, reanalyse
+
+    committed = _committed()
+    assert committed.memory_total_bytes is None
+    assert measured_device(committed).hbm_bytes == pytest.approx(FALLBACK_MEMORY_BYTES, rel=0.01)
+    small = reanalyse(committed.model_copy(update={"memory_total_bytes": 4e9}))
+    assert measured_device(small).hbm_bytes == pytest.approx(4e9, rel=0.01)
+    assert [p.predicted for p in small.points] == [p.predicted for p in committed.points]
+
+
+def test_reanalyse_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from calculator.cli import EXIT_INPUT, main
+
+    assert main(["validate", "--serving", "--reanalyse", str(COMMITTED), "--out", str(tmp_path / "out")]) == 0
+    text = capsys.readouterr().out
+    assert "checks pass (predictions: pdplan" in text and "MISS" in text
+    md = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
+    assert "Predictions made again by pdplan" in md and "## Load points" in md
+    assert (tmp_path / "out" / "plot.png").stat().st_size > 10_000
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "report.json").write_text('{"date": 1}', encoding="utf-8")
+    assert main(["validate", "--serving", "--reanalyse", str(tmp_path / "bad")]) == EXIT_INPUT
+    assert "is not a serving report" in capsys.readouterr().err
+    assert main(["validate", "--serving", "--reanalyse", str(tmp_path / "missing")]) == EXIT_INPUT
+    assert "cannot read" in capsys.readouterr().err
+    assert main(["validate", "--reanalyse", str(COMMITTED)]) == EXIT_INPUT  # a microbenchmark run has its own
+    assert "--serving" in capsys.readouterr().err

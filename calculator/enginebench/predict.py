@@ -22,6 +22,7 @@ from ..microbench.fit import Design, design, fit_efficiency
 from ..serving import Deployment, Evaluation, Pool, Workload, evaluate
 from .engine import MAX_NUM_SEQS, EngineConfig
 from .model import ENGINE_MODEL
+from .results import Curve, Predicted
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,28 @@ def capacity_rps(cfg: EngineConfig, device: GPUSpec, isl: int, osl: int, upper: 
     return lo
 
 
+def split_transfer(device: GPUSpec, isl: int, unloaded_ttft_s: float, held_s: float, front_end_request_s: float,
+                   dtype: str = "bf16") -> tuple[float, float]:
+    """1P1D: (the KV connector's move of one prompt, the part of it that holds the prefill instance), s.
+
+    The move is the unloaded disaggregated TTFT minus two front ends (prefill and decode requests), the fitted
+    prefill and one decode step; the save is the prefill engine's CPU time on a lone request (``held_s``) minus
+    the fitted prefill (its own prefill timer stops before the connector saves), at most the move."""
+    compute = prefill_s(device, isl, dtype)
+    move = max(unloaded_ttft_s - 2 * front_end_request_s - compute - decode_step_s(device, isl + 1, dtype=dtype), 1e-4)
+    return move, min(max(held_s - compute, 1e-4), move)
+
+
+def curve(name: str, cfg: EngineConfig, device: GPUSpec, cap: float, front_end_s: float, isl: int, osl: int,
+          dtype: str = "bf16") -> Curve:
+    """pdplan's percentiles of one configuration at 24 rates from 5% to 97% of its capacity ``cap``."""
+    rates = [cap * f for f in np.linspace(0.05, 0.97, 24)]
+    preds = [Predicted.of(predict(cfg, device, r, isl, osl, dtype), front_end_s) for r in rates]
+    return Curve(config=name, rate_rps=tuple(rates), ttft_p50_s=tuple(p.ttft_p50_s for p in preds),
+                 ttft_p90_s=tuple(p.ttft_p90_s for p in preds), tpot_p50_s=tuple(p.tpot_p50_s for p in preds),
+                 tpot_p90_s=tuple(p.tpot_p90_s for p in preds))
+
+
 def prefill_s(device: GPUSpec, isl: int, dtype: str = "bf16") -> float:
     """The fitted step time of a lone prompt of ``isl`` tokens."""
     d = design(ENGINE_MODEL, device, "prefill", np.array([isl]), np.array([1]), dtype)
@@ -115,5 +138,5 @@ def decode_step_s(device: GPUSpec, context: int, batch: int = 1, dtype: str = "b
     return float(d.predict_s(device.efficiency)[0])
 
 
-__all__ = ["StepPoint", "capacity_rps", "chunked_prefill_design", "decode_step_s", "deployment", "fit_device", "predict",
-           "prefill_s", "with_link"]
+__all__ = ["StepPoint", "capacity_rps", "chunked_prefill_design", "curve", "decode_step_s", "deployment", "fit_device",
+           "predict", "prefill_s", "split_transfer", "with_link"]

@@ -207,6 +207,9 @@ def markdown(report: ServingReport) -> str:
          f"servers and the client share them. Every request: {report.isl} prompt tokens (random words, no "
          f"prefix-cache hits: caching off), exactly {report.osl} output tokens, Poisson arrivals, "
          f"{report.requests_per_point} requests per point, streamed."),
+        *(["", (f"Predictions made again by {report.predicted_by} from this run's measurements "
+                 "(`pdplan validate --serving --reanalyse DIR`): the same step times, front ends and rates, this "
+                 "version's fit and serving model.")] if report.predicted_by else []),
         *(["", (f"**Busy machine**: the load average exceeded {QUIET_LOAD} during the run, so the checks below use "
                 f"bounds widened {widening(report):g}x.")] if widening(report) > 1 else []),
         "",

@@ -132,7 +132,8 @@ class Predicted(_Record):
     @staticmethod
     def of(e: Evaluation, front_end_s: float) -> Predicted:
         def at(table: dict[int, float], p: int, add: float = 0.0) -> float | None:
-            return table[p] + add if e.stable and p in table else None
+            # None where there is no finite figure (JSON has no infinity: a report must read back as written)
+            return table[p] + add if e.stable and p in table and math.isfinite(table[p]) else None
 
         return Predicted(stable=e.stable, utilisation=e.utilisation, binding=e.binding,
                          ttft_p50_s=at(e.ttft_by_percentile_s, 50, front_end_s),
@@ -183,6 +184,10 @@ class ServingReport(_Record):
     points: tuple[LoadPoint, ...]
     curves: tuple[Curve, ...] = ()
     wall_s: float
+    memory_total_bytes: float | None = Field(default=None, description="the machine's RAM (the measured device's "
+                                             "memory); None in reports before 2026-12-04")
+    predicted_by: str | None = Field(default=None, description="the pdplan that made the predictions when it is "
+                                     "not the one that ran the engine (``pdplan validate --serving --reanalyse``)")
 
 
 class Curve(_Record):

@@ -29,7 +29,7 @@ from .client import (
 )
 from .engine import CONFIGS, HOST, EngineConfig, Server, check_engine, free_port, server_argv
 from .model import ENGINE_MODEL, prompt, write_model
-from .predict import StepPoint, capacity_rps, decode_step_s, fit_device, predict, prefill_s, with_link
+from .predict import StepPoint, capacity_rps, curve, fit_device, predict, split_transfer, with_link
 from .results import (
     NEIGHBOUR_BATCH,
     Calibration,
@@ -130,7 +130,7 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
                     calib = calib.model_copy(update={"config": name})
                     calibrations.append(calib)
                 cap = capacity_rps(cfg, dev, ISL, OSL, dtype=dtype)
-                curves.append(_curve(name, cfg, dev, cap, calib.front_end_s(cfg), dtype))
+                curves.append(curve(name, cfg, dev, cap, calib.front_end_s(cfg), ISL, OSL, dtype))
                 for frac in fractions:
                     rate = frac * cap
                     tick(f"{cfg.name}: {rate:.1f} req/s")
@@ -152,7 +152,7 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
             engine_version=version, machine=ceilings.device_name, machine_details=ceilings.device_details,
             isl=ISL, osl=OSL, requests_per_point=n_req, calibration=calib, calibrations=tuple(calibrations), points=tuple(points), curves=tuple(curves),
             wall_s=time.perf_counter() - t_start, matmul_gflops=ceilings.matmul_flops_per_s / 1e9,
-            copy_gb_s=ceilings.memory_bytes_per_s / 1e9, dtype=dtype,
+            copy_gb_s=ceilings.memory_bytes_per_s / 1e9, dtype=dtype, memory_total_bytes=ceilings.memory_total_bytes,
         )
         if out_dir is not None:
             from .report import write_outputs
@@ -381,20 +381,9 @@ def _transfer(servers: _servers, cfg: EngineConfig, calib: Calibration, device, 
         ttfts.append(asyncio.run(_lone(ports, cfg, ISL, rng, outputs=2)).ttft_s)
         held.append(servers.servers[0].engine_cpu_s() - before)
     ttft = statistics.median(ttfts)
-    compute = prefill_s(device, ISL, dtype)
-    move = max(ttft - 2 * calib.front_end_request_s - compute - decode_step_s(device, ISL + 1, dtype=dtype), 1e-4)
-    save = min(max(statistics.median(held) - compute, 1e-4), move)
+    move, save = split_transfer(device, ISL, ttft, statistics.median(held), calib.front_end_request_s, dtype)
     calib = calib.model_copy(update={"transfer_s": move, "save_s": save, "disaggregated_unloaded_ttft_s": ttft})
     return calib, with_link(device, ISL, save, dtype)
-
-
-def _curve(name: str, cfg: EngineConfig, device, cap: float, front_end_s: float,  # type: ignore[no-untyped-def]
-           dtype: str) -> Curve:
-    rates = [cap * f for f in np.linspace(0.05, 0.97, 24)]
-    preds = [Predicted.of(predict(cfg, device, r, ISL, OSL, dtype), front_end_s) for r in rates]
-    return Curve(config=name, rate_rps=tuple(rates), ttft_p50_s=tuple(p.ttft_p50_s for p in preds),
-                 ttft_p90_s=tuple(p.ttft_p90_s for p in preds), tpot_p50_s=tuple(p.tpot_p50_s for p in preds),
-                 tpot_p90_s=tuple(p.tpot_p90_s for p in preds))
 
 
 def _engine_counters(servers: _servers) -> list[tuple[float, float, dict[str, float]]]:

@@ -1,0 +1,100 @@
+"""``reanalyse``: a saved serving report predicted again by this version of pdplan.
+
+A report keeps everything its predictions were made from: the CPU ceilings, each instance's unloaded step
+times and front end, the 1P1D connector's unloaded TTFT and the time it held the prefill instance, and the
+offered rates. Reanalysis fits each instance's efficiencies again on its own step times (the step model may
+have changed), splits the 1P1D move again, and asks ``evaluate`` for every load point, capacity and curve;
+the measurements are left as they were. ``pdplan validate --serving --reanalyse DIR`` writes the result.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from importlib import metadata
+
+from hardware_db.schema import GPUSpec
+
+from ..microbench.ceilings import device_spec
+from ..microbench.results import Ceilings
+from .engine import CONFIGS
+from .predict import StepPoint, capacity_rps, curve, fit_device, predict, prefill_s, split_transfer, with_link
+from .results import Calibration, Predicted, ServingReport
+
+FALLBACK_MEMORY_BYTES = 16e9
+"""RAM taken for a report that did not record it (those before 2026-12-04): the engine model's KV limit does not
+bind above ~4 GB (MAX_NUM_SEQS sequences of MAX_MODEL_LEN tokens take ~0.3 GB), so any value above that
+predicts the same."""
+
+
+def measured_device(report: ServingReport) -> GPUSpec:
+    """The CPU "device" of the report's ceilings (one engine thread), before any fit."""
+    copy_bytes = 128 * 2**20
+    return device_spec(Ceilings(
+        device="cpu", device_name=report.machine, device_details=report.machine_details, threads=1,
+        dtype=report.dtype, matmul=(), matmul_flops_per_s=report.matmul_gflops * 1e9, copy_bytes=copy_bytes,
+        copy_time_s=2 * copy_bytes / (report.copy_gb_s * 1e9), memory_bytes_per_s=report.copy_gb_s * 1e9,
+        memory_total_bytes=report.memory_total_bytes or FALLBACK_MEMORY_BYTES))
+
+
+def _refit(base: GPUSpec, calib: Calibration, dtype: str) -> tuple[Calibration, GPUSpec]:
+    points = [StepPoint(s.phase, s.tokens, s.batch, s.seconds, s.chunk) for s in calib.steps]
+    device, rms = fit_device(base, points, dtype)
+    return calib.model_copy(update={"efficiency": device.efficiency, "fit_rms_rel_error": rms}), device
+
+
+def reanalyse(report: ServingReport, version: str | None = None) -> ServingReport:
+    """The report with every prediction made again (see the module docstring); ``version`` names the pdplan that
+    did it (default: this one), recorded in ``predicted_by`` with today's date."""
+    base = measured_device(report)
+    dtype, isl, osl = report.dtype, report.isl, report.osl
+    colocated: dict[str, tuple[Calibration, GPUSpec]] = {}
+    calibrations = []
+    for calib in report.calibrations:
+        if CONFIGS[calib.config].disaggregated:
+            continue
+        colocated[calib.config] = _refit(base, calib, dtype)
+        calibrations.append(colocated[calib.config][0])
+    devices: dict[str, tuple[Calibration, GPUSpec]] = dict(colocated)
+    for calib in report.calibrations:
+        if not CONFIGS[calib.config].disaggregated:
+            continue
+        # as the run did: the calibration of the co-located instance that runs with chunking off, as 1P1D's do
+        same = [v for k, v in colocated.items() if CONFIGS[k].chunk_tokens is None]
+        if not same or calib.disaggregated_unloaded_ttft_s is None or calib.save_s is None:
+            raise ValueError(f"reanalyse: {calib.config} needs a co-located calibration with chunking off and its "
+                             f"unloaded TTFT and save")
+        first, device = same[-1]
+        old = next(c for c in report.calibrations if c.config == first.config)
+        # the prefill engine's CPU time on a lone request: the save it was credited plus the prefill then fitted
+        held = calib.save_s + prefill_s(base.model_copy(update={"efficiency": old.efficiency}), isl, dtype)
+        move, save = split_transfer(device, isl, calib.disaggregated_unloaded_ttft_s, held,
+                                    first.front_end_request_s, dtype)
+        new = first.model_copy(update={"config": calib.config, "transfer_s": move, "save_s": save,
+                                       "disaggregated_unloaded_ttft_s": calib.disaggregated_unloaded_ttft_s})
+        devices[calib.config] = (new, with_link(device, isl, save, dtype))
+        calibrations.append(new)
+    points, curves = [], []
+    for name in dict.fromkeys(p.config for p in report.points):
+        cfg = CONFIGS[name]
+        calib, device = devices[name]
+        cap = capacity_rps(cfg, device, isl, osl, dtype=dtype)
+        curves.append(curve(name, cfg, device, cap, calib.front_end_s(cfg), isl, osl, dtype))
+        for p in (p for p in report.points if p.config == name):
+            pred = Predicted.of(predict(cfg, device, p.rate_rps, isl, osl, dtype), calib.front_end_s(cfg))
+            points.append(p.model_copy(update={"predicted": pred, "predicted_capacity_rps": cap,
+                                               "fraction_of_capacity": p.rate_rps / cap}))
+    last = next((c for c in calibrations if c.config == report.calibration.config), report.calibration)
+    today = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
+    return report.model_copy(update={
+        "calibration": last, "calibrations": tuple(calibrations), "points": tuple(points), "curves": tuple(curves),
+        "predicted_by": f"pdplan {version or _pdplan_version()}, reanalysed {today}"})
+
+
+def _pdplan_version() -> str:
+    try:
+        return metadata.version("pdplan")
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+__all__ = ["FALLBACK_MEMORY_BYTES", "measured_device", "reanalyse"]
