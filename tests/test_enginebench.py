@@ -318,6 +318,7 @@ def test_a_cpu_without_native_bf16_serves_and_predicts_in_fp32() -> None:
 
 # --- the committed vLLM report, predicted again by this version (no engine) ----------------------------------
 COMMITTED = Path(__file__).resolve().parents[1] / "docs" / "validation" / "vllm-cpu-2026-12-02"
+QUICK_RECORD = COMMITTED.parent / "vllm-cpu-quick-2026-12-04"  # CI's quick mode on an AVX2-only EPYC, fp32
 
 
 def _committed() -> results.ServingReport:
@@ -339,6 +340,19 @@ def test_the_committed_report_is_this_versions_prediction(reanalysed: results.Se
     assert committed.predicted_by is not None and reanalysed.predicted_by is not None
     drop = {"predicted_by"}  # carries the date of the reanalysis
     assert reanalysed.model_dump(exclude=drop) == committed.model_dump(exclude=drop)
+
+
+def test_the_quick_record_is_this_versions_prediction_and_passes_its_checks() -> None:
+    """The quick-mode record (fp32 on a CPU without native bf16; run by the pdplan it is committed with, so
+    predicted_by is None): reanalysis reproduces it, and every ordering and bound of the CI quick mode holds."""
+    from calculator.enginebench.reanalysis import reanalyse
+
+    quick = results.ServingReport.model_validate_json((QUICK_RECORD / "report.json").read_text(encoding="utf-8"))
+    assert quick.quick and quick.dtype == "fp32" and quick.memory_total_bytes and quick.predicted_by is None
+    again = reanalyse(quick)
+    assert again.model_dump(exclude={"predicted_by"}) == quick.model_dump(exclude={"predicted_by"})
+    checks = report.checks(quick, report.widening(quick))
+    assert len(checks) == 15 and all(c.passed for c in checks), [c for c in checks if not c.passed]
 
 
 def test_reanalysis_keeps_the_measurements_and_predicts_each_point(reanalysed: results.ServingReport) -> None:
