@@ -325,6 +325,17 @@ def _committed() -> results.ServingReport:
     return results.ServingReport.model_validate_json((COMMITTED / "report.json").read_text(encoding="utf-8"))
 
 
+def _same(a: object, b: object, rel: float = 1e-9) -> bool:
+    """Equal, floats within ``rel`` (a refit runs LAPACK, whose last bits may differ from one CPU to another)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k], rel) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y, rel) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == pytest.approx(b, rel=rel, abs=1e-300)
+    return a == b
+
+
 @pytest.fixture(scope="module")
 def reanalysed() -> results.ServingReport:
     from calculator.enginebench.reanalysis import reanalyse
@@ -339,7 +350,8 @@ def test_the_committed_report_is_this_versions_prediction(reanalysed: results.Se
     committed = _committed()
     assert committed.predicted_by is not None and reanalysed.predicted_by is not None
     drop = {"predicted_by"}  # carries the date of the reanalysis
-    assert reanalysed.model_dump(exclude=drop) == committed.model_dump(exclude=drop)
+    assert not _same({"x": (1.0,)}, {"x": (1.0 + 1e-7,)}) and not _same({"x": 1.0}, {"y": 1.0})
+    assert _same(reanalysed.model_dump(exclude=drop), committed.model_dump(exclude=drop))
 
 
 def test_the_quick_record_is_this_versions_prediction_and_passes_its_checks() -> None:
@@ -350,7 +362,7 @@ def test_the_quick_record_is_this_versions_prediction_and_passes_its_checks() ->
     quick = results.ServingReport.model_validate_json((QUICK_RECORD / "report.json").read_text(encoding="utf-8"))
     assert quick.quick and quick.dtype == "fp32" and quick.memory_total_bytes and quick.predicted_by is None
     again = reanalyse(quick)
-    assert again.model_dump(exclude={"predicted_by"}) == quick.model_dump(exclude={"predicted_by"})
+    assert _same(again.model_dump(exclude={"predicted_by"}), quick.model_dump(exclude={"predicted_by"}))
     checks = report.checks(quick, report.widening(quick))
     assert len(checks) == 15 and all(c.passed for c in checks), [c for c in checks if not c.passed]
 
@@ -402,7 +414,7 @@ def test_reanalysis_does_not_depend_on_the_recorded_memory() -> None:
     assert measured_device(committed).hbm_bytes == pytest.approx(FALLBACK_MEMORY_BYTES, rel=0.01)
     small = reanalyse(committed.model_copy(update={"memory_total_bytes": 4e9}))
     assert measured_device(small).hbm_bytes == pytest.approx(4e9, rel=0.01)
-    assert [p.predicted for p in small.points] == [p.predicted for p in committed.points]
+    assert _same([p.predicted.model_dump() for p in small.points], [p.predicted.model_dump() for p in committed.points])
 
 
 def test_reanalyse_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
