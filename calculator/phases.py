@@ -369,7 +369,9 @@ def step_groups(
     # attention core (QK^T, softmax, PV) over the cached and new tokens; with cp each rank does 1/cp
     # The decode attention kernel (one query token per sequence over its paged KV) runs at its own share
     # of the efficiencies; prompt and chunk attention at the GEMMs'. A hybrid step runs both kernels: with
-    # the default share 1 they are one roofline over the step's attention work, otherwise two.
+    # the default share 1 they are one roofline over the step's attention work, otherwise two; an engine
+    # that attends the whole step in one variable-length kernel (hybrid_attention_kernels = 1) runs it all
+    # as the prompt kernel does.
     attn_flops, attn_bytes = _attention_work(setup, S, P, b, phase)
     share = setup.gpu.efficiency.decode_attention if phase == "decode" else 1.0
     # decode attention: one thread block per (sequence, KV head on this GPU); an MLA latent is one head
@@ -378,9 +380,10 @@ def step_groups(
     rate = setup.attention_rate_flops_per_s
     if chunk is not None:
         chunk_flops, chunk_bytes = _attention_work(setup, S_c, P_c, b_c + 0 * S_c, "prefill")
-        if share == 1.0 and v["beta_blk"] == 0:
+        one_kernel = setup.gpu.efficiency.hybrid_attention_kernels == 1
+        if one_kernel or (share == 1.0 and v["beta_blk"] == 0):
             attention = _roofline("attention", (attn_flops + chunk_flops) / cp, (attn_bytes + chunk_bytes) / cp,
-                                  rate, 2 * kernels, setup)
+                                  rate, (1 if one_kernel else 2) * kernels, setup)
         else:
             attention = _roofline("attention", attn_flops / cp, attn_bytes / cp, rate, kernels, setup, share,
                                   blocks=blocks).plus(

@@ -60,6 +60,13 @@ class Efficiency(_Record):
         "decode_attention x compute and x memory; 1: as the GEMMs). Prompt and chunk attention (a flash-attention "
         "kernel over many query tokens) runs at the GEMM efficiencies. Fitted by the serving validation where an "
         "engine's decode attention is slower")
+    hybrid_attention_kernels: int = Field(default=2, ge=1, le=2, description="attention kernels a hybrid step (decodes "
+                                          "and a prompt piece together) runs: 2, a paged decode kernel beside a "
+                                          "prefill kernel, each on its own roofline (the decode one at "
+                                          "decode_attention's share: TensorRT-LLM, FlashInfer's two wrappers); 1, one "
+                                          "variable-length kernel over every sequence's queries at the prompt "
+                                          "kernel's efficiencies (vLLM's CPU backend: cpu_attention_with_kv_cache "
+                                          "over the whole batch; FlashAttention's varlen kernel)")
     sequence_overhead_us: float = Field(default=0.0, ge=0, le=1e5, description="cost per sequence in a step (the "
                                         "scheduler's and sampler's per-request work, output processing), us; 0 in "
                                         "the bundled defaults, fitted by the serving validation on engines where "

@@ -79,6 +79,26 @@ def test_decode_attention_share_leaves_prompt_attention_alone() -> None:
     assert float(hyb_slow.latency_s) == pytest.approx(float(chunk_only.latency_s))  # two kernels either way
 
 
+def test_one_varlen_attention_kernel_runs_a_hybrid_step_at_the_prompt_kernels_efficiency() -> None:
+    """vLLM's CPU backend attends a whole step, decodes and prompt pieces together, in one kernel
+    (``cpu_attention_with_kv_cache`` over the batch): with ``hybrid_attention_kernels`` = 1 a hybrid step's
+    attention is one roofline over all of its work at the GEMM efficiencies with one kernel's launches, while
+    a decode-only step keeps the decode kernel's share."""
+    two, one = _setup(decode_attention=0.25), _setup(decode_attention=0.25, hybrid_attention_kernels=1)
+    full = _setup()
+    kw = {"S": 1, "P": 8000, "b": 64, "phase": "decode"}
+    for setup in (two, one):  # decode-only steps: the decode kernel's share either way
+        assert float(step_time_s(step_groups(setup, **kw), setup)) == pytest.approx(
+            float(step_time_s(step_groups(two, **kw), two)), rel=1e-12)
+    hyb_one = {g.name: g for g in step_groups(one, **kw, chunk=(512, 4096))}["attention"]
+    hyb_two = {g.name: g for g in step_groups(two, **kw, chunk=(512, 4096))}["attention"]
+    hyb_full = {g.name: g for g in step_groups(full, **kw, chunk=(512, 4096))}["attention"]
+    # one roofline over the step's work, as the default share 1 gives it, but one kernel's launches, not two
+    assert float(hyb_one.time_s - hyb_one.latency_s) == pytest.approx(float(hyb_full.time_s - hyb_full.latency_s))
+    assert float(hyb_one.latency_s) == pytest.approx(float(hyb_full.latency_s) / 2)
+    assert float(hyb_one.memory_s) < float(hyb_two.memory_s)  # the decodes' KV no longer read at 0.25
+
+
 def test_the_fit_recovers_both_terms() -> None:
     # synthetic steps of the enginebench model on a made-up CPU: prefill 64-1024 tokens, decode at two contexts
     from calculator.enginebench.model import ENGINE_MODEL

