@@ -151,7 +151,9 @@ def _calibration_lines(c) -> list[str]:  # type: ignore[no-untyped-def]
         "",
         (f"Fitted: η_c {eff.compute:.3f}, η_m {eff.memory:.3f}, kernel latency {eff.kernel_latency_us:.1f} µs, "
          f"step overhead {eff.step_overhead_us:.0f} µs, per sequence {eff.sequence_overhead_us:.0f} µs, decode attention at "
-         f"{eff.decode_attention:.2f} of the GEMM efficiencies (rms error {c.fit_rms_rel_error:.1%}). Front end per request "
+         f"{eff.decode_attention:.2f} of the GEMM efficiencies"
+         f"{' in decode-only steps (a step with a prompt piece attends in one kernel at the GEMM efficiencies)' if eff.hybrid_attention_kernels == 1 and eff.decode_attention < 1 else ''}"
+         f" (rms error {c.fit_rms_rel_error:.1%}). Front end per request "
          f"(client TTFT − the engine's queue + prefill time): {c.front_end_request_s * 1e3:.2f} ms.")
         + (f" 1P1D unloaded TTFT {c.disaggregated_unloaded_ttft_s * 1e3:.1f} ms, of which the KV connector's move "
            f"{c.transfer_s * 1e3:.1f} ms: {(c.save_s or 0) * 1e3:.1f} ms saving on the prefill instance (pdplan: a "
