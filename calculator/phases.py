@@ -278,7 +278,7 @@ def _roofline(name: str, flops, bytes_, peak, kernels, setup: Setup, share: floa
     memory_s = bytes_ / (v["beta_hbm"] * eta_m)
     latency_s = kernels * tau_k
     zero = np.zeros_like(t)
-    one_row = None if tokens is None else (np.asarray(tokens, dtype=float) <= 1) | (zero != 0)
+    one_row = None if tokens is None else np.asarray(tokens, dtype=float) + zero <= 1
     return Group(name, flops, bytes_, t, "roofline_time", compute_s + zero, memory_s + zero, latency_s + zero,
                  one_row=one_row)
 

@@ -42,9 +42,9 @@ def _refit(base: GPUSpec, calib: Calibration, dtype: str) -> tuple[Calibration, 
     return calib.model_copy(update={"efficiency": device.efficiency, "fit_rms_rel_error": rms}), device
 
 
-def reanalyse(report: ServingReport, version: str | None = None) -> ServingReport:
-    """The report with every prediction made again (see the module docstring); ``version`` names the pdplan that
-    did it (default: this one), recorded in ``predicted_by`` with today's date."""
+def reanalyse(report: ServingReport) -> ServingReport:
+    """The report with every prediction made again (see the module docstring); ``predicted_by`` names this
+    pdplan and today's date."""
     base = measured_device(report)
     dtype, isl, osl = report.dtype, report.isl, report.osl
     colocated: dict[str, tuple[Calibration, GPUSpec]] = {}
@@ -87,7 +87,7 @@ def reanalyse(report: ServingReport, version: str | None = None) -> ServingRepor
     today = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     return report.model_copy(update={
         "calibration": last, "calibrations": tuple(calibrations), "points": tuple(points), "curves": tuple(curves),
-        "predicted_by": f"pdplan {version or _pdplan_version()}, reanalysed {today}"})
+        "predicted_by": f"pdplan {_pdplan_version()}, reanalysed {today}"})
 
 
 def _pdplan_version() -> str:
