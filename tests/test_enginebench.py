@@ -434,5 +434,12 @@ def test_reanalyse_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureF
     assert "is not a serving report" in capsys.readouterr().err
     assert main(["validate", "--serving", "--reanalyse", str(tmp_path / "missing")]) == EXIT_INPUT
     assert "cannot read" in capsys.readouterr().err
+    # a well-formed report of configurations this version does not run: a clear error, not a crash
+    odd = _committed().model_copy(update={"points": tuple(p.model_copy(update={"config": "chunk999"})
+                                                          for p in _committed().points)})
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "report.json").write_text(odd.model_dump_json(), encoding="utf-8")
+    assert main(["validate", "--serving", "--reanalyse", str(tmp_path / "odd")]) == EXIT_INPUT
+    assert "chunk999" in capsys.readouterr().err
     assert main(["validate", "--reanalyse", str(COMMITTED)]) == EXIT_INPUT  # a microbenchmark run has its own
     assert "--serving" in capsys.readouterr().err

@@ -45,6 +45,10 @@ def _refit(base: GPUSpec, calib: Calibration, dtype: str) -> tuple[Calibration, 
 def reanalyse(report: ServingReport) -> ServingReport:
     """The report with every prediction made again (see the module docstring); ``predicted_by`` names this
     pdplan and today's date."""
+    unknown = sorted({c.config for c in report.calibrations} - set(CONFIGS)
+                     | {p.config for p in report.points} - set(CONFIGS))
+    if unknown:
+        raise ValueError(f"reanalyse: configurations {unknown} are not the serving validation's ({sorted(CONFIGS)})")
     base = measured_device(report)
     dtype, isl, osl = report.dtype, report.isl, report.osl
     colocated: dict[str, tuple[Calibration, GPUSpec]] = {}
