@@ -139,6 +139,8 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "t_b": ("t_{b}", "mean duration of a step that carries prompt work", "s"),
     "S_w": ("S_{w}", "time one prompt keeps the prompt queue busy", "s"),
     "Delta_B": ("\\Delta B", "rise of the decode batch while prompts are queued", "sequences"),
+    "t_own": ("t_{own}", "duration of the step that carries a request's own (whole) prompt", "s"),
+    "E_inv_n2": ("E[1/n^{2}]", "mean of 1 / (output tokens - 1)^2 over requests", "1/tokens^2"),
     "k_g": ("k", "gamma shape", "1"),
     "theta_g": ("\\theta", "gamma scale", "s"),
     "a_acc": ("a", "probability that a draft token is accepted (each independently)", "1"),
@@ -1189,6 +1191,38 @@ token_weighted_tpot = Formula(
 )
 
 
+def _bulk_start_stall(E_inv_n: Any, TPOT: Any, rho_p: Any, t_own: Any) -> Any:
+    return E_inv_n*rho_p*(-TPOT + t_own)/(1 - rho_p)
+
+
+bulk_start_stall = Formula(
+    name="bulk_start_stall",
+    section="queueing and serving",
+    unit="s",
+    doc="What a request's mean TPOT gains because it starts decoding right after a step of whole prompts: the prompts that arrived during its own step (lambda t_own of them) run in the next step, where a random moment of its life would find only those that arrived during one of its gaps (lambda TPOT). Each extra prompt adds its stall x to the lifetime, and the longer lifetime admits more (1 / (1 - rho), rho = lambda x); spread over the request's n gaps. Zero for Sarathi chunks, which leave a FIFO queue behind as an arrival finds it.",
+    args=("E_inv_n", "TPOT", "rho_p", "t_own"),
+    latex="\\frac{E[1/n] \\rho_{p} \\left(- TPOT + t_{own}\\right)}{1 - \\rho_{p}}",
+    fn=_bulk_start_stall,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _bulk_start_variance(E_X2: Any, E_inv_n2: Any, lambda_: Any, rho_p: Any, t_own: Any) -> Any:
+    return E_inv_n2*E_X2*lambda_*t_own/(1 - rho_p)**2
+
+
+bulk_start_variance = Formula(
+    name="bulk_start_variance",
+    section="queueing and serving",
+    unit="s^2",
+    doc="Variance that the prompts queued behind a request's own step add to its TPOT: their number is Poisson (mean lambda t_own), each a stall of second moment E[X^2], amplified by 1 / (1 - rho) like the mean, over the request's n gaps.",
+    args=("E_X2", "E_inv_n2", "lambda", "rho_p", "t_own"),
+    latex="\\frac{E[1/n^{2}] E[X^{2]} \\lambda t_{own}}{\\left(1 - \\rho_{p}\\right)^{2}}",
+    fn=_bulk_start_variance,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
 def _lognormal_quantile(TPOT: Any, V_T: Any, z: Any) -> Any:
     return TPOT*numpy.exp(z*numpy.sqrt(numpy.log(1 + V_T/TPOT**2)))/numpy.sqrt(1 + V_T/TPOT**2)
 
@@ -1336,6 +1370,8 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     tpot_batch_variance,
     busy_batch_rise,
     token_weighted_tpot,
+    bulk_start_stall,
+    bulk_start_variance,
     lognormal_quantile,
     gamma_quantile_wh,
     kv_transfer_time,

@@ -633,6 +633,27 @@ token_weighted_tpot = _formula(
     "rho_b, duration t_b, batch B + (1 - rho_b) Delta B) and plain decode steps (t_d, batch B - rho_b Delta B). "
     "With Delta B = 0 it is t_d / (1 - rho_x); the correlation of long steps with a large batch raises it.",
 )
+t_own = _sym("t_own", "duration of the step that carries a request's own (whole) prompt", "s", r"t_{own}")
+bulk_start_stall = _formula(
+    "bulk_start_stall",
+    rho_p * (t_own - tpot_sym) * inv_n / (1 - rho_p),
+    "s",
+    "What a request's mean TPOT gains because it starts decoding right after a step of whole prompts: the "
+    "prompts that arrived during its own step (lambda t_own of them) run in the next step, where a random "
+    "moment of its life would find only those that arrived during one of its gaps (lambda TPOT). Each extra "
+    "prompt adds its stall x to the lifetime, and the longer lifetime admits more (1 / (1 - rho), rho = lambda x); "
+    "spread over the request's n gaps. Zero for Sarathi chunks, which leave a FIFO queue behind as an arrival "
+    "finds it.",
+)
+inv_n2 = _sym("E_inv_n2", "mean of 1 / (output tokens - 1)^2 over requests", "1/tokens^2", r"E[1/n^{2}]")
+bulk_start_variance = _formula(
+    "bulk_start_variance",
+    lam * t_own * X2 * inv_n2 / (1 - rho_p) ** 2,
+    "s^2",
+    "Variance that the prompts queued behind a request's own step add to its TPOT: their number is Poisson "
+    "(mean lambda t_own), each a stall of second moment E[X^2], amplified by 1 / (1 - rho) like the mean, over "
+    "the request's n gaps.",
+)
 lognormal_quantile = _formula(
     "lognormal_quantile",
     tpot_sym * sp.exp(z_q * sp.sqrt(sp.log(1 + var_sym / tpot_sym**2)) - sp.log(1 + var_sym / tpot_sym**2) / 2),

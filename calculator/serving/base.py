@@ -810,7 +810,7 @@ def product_form_step_variance(pm: PoolModel, context: float, lam, osl_mean: flo
 
 
 def tpot_tail(tpot_mean, rho, lam, x_mean, x_cv2: float, w: Workload, slope, batch, p: float,
-              step_variance=None) -> tuple[np.ndarray, np.ndarray]:
+              step_variance=None, extra_variance=None) -> tuple[np.ndarray, np.ndarray]:
     """(variance, p-quantile) of a request's TPOT, a lognormal with the mean ``tpot_mean``.
 
     The stalls: each prompt landing in a request's lifetime adds its step time ``x_mean`` (squared
@@ -819,7 +819,8 @@ def tpot_tail(tpot_mean, rho, lam, x_mean, x_cv2: float, w: Workload, slope, bat
     with, which grows with the decode load lambda osl slope / (1 - rho) (``tpot_batch_variance``):
     ``step_variance`` (the step's variance over the batch's distribution, s^2) where the caller has it
     from the step curve (``product_form_step_variance``), else that of a linear step (negative binomial).
-    ``rho`` is the prompts' time share (the amplification of the mean TPOT).
+    ``rho`` is the prompts' time share (the amplification of the mean TPOT). ``extra_variance``: more
+    variance from elsewhere (whole prompts queued behind a request's own step: ``bulk_start_variance``).
     """
     x_eff = x_mean + slope * w.osl.mean / 2
     rho_eff = np.minimum(lam * x_eff, 0.999)
@@ -831,6 +832,8 @@ def tpot_tail(tpot_mean, rho, lam, x_mean, x_cv2: float, w: Workload, slope, bat
     if step_variance is None:
         step_variance = f.batch_step_variance(t_slope=slope, B=batch, rho_d=rho_d)
     var = stalls + f.tpot_batch_variance(V_t=step_variance, rho_p=rho, rho_d=rho_d)
+    if extra_variance is not None:
+        var = var + extra_variance
     finite = np.isfinite(tpot_mean) & np.isfinite(var)
     q = f.lognormal_quantile(TPOT=np.where(finite, tpot_mean, 1.0), V_T=np.where(finite, var, 0.0), z=z_score(p))
     return var, np.where(finite, q, np.inf)
@@ -856,11 +859,11 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return sign * (1 - poly * np.exp(-x * x))
 
 
-def inverse_osl(w: Workload) -> float:
-    """E[1 / (osl - 1)] over the output-length distribution (requests with one token have no gaps)."""
+def inverse_osl(w: Workload, power: int = 1) -> float:
+    """E[1 / (osl - 1)^power] over the output-length distribution (requests with one token have no gaps)."""
     vals, weights = w.osl.points()
     gaps = np.maximum(vals - 1, 1.0)
-    return float(np.sum(weights / gaps))
+    return float(np.sum(weights / gaps**power))
 
 
 SLOT_WAIT_SHARE = 0.01

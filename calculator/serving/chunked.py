@@ -33,6 +33,7 @@ from .base import (
     SlotQueue,
     first_root,
     interp_rows,
+    inverse_osl,
     mixture_quantile,
     seen,
     step_wait,
@@ -91,6 +92,8 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     seen_g = seen(grid, tab["decode_only"])[:, None, :]  # the step a decoding request sees: t_d(B + 1)
     ca2 = w.arrival_cv**2
     tpot_grid = busy_tpot(lam3, grid[None, None, :], seen_g, lam3 * (s_g - k_g * t_d_g), work_g, t_b_g, cv2, ca2)
+    tpot_grid = tpot_grid + _bulk_start(whole[:, None, None], lam3, s_g - k_g * t_d_g, s_g, tpot_grid, w,
+                                         variance=False)[0]
     batch = first_root(grid, grid[None, None, :] - lam3 * w.osl.mean * tpot_grid)
     b_cap = np.minimum(batch, limit)
 
@@ -106,6 +109,8 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     work_s, t_b = _busy_steps(wh, isl_new, room, s_mean, t_full)
     slope = interp_rows(grid, tab["decode_only"], b_cap + 1) - t_d
     tpot = busy_tpot(lam, b_cap, t_d + slope, rho_x, work_s, t_b, cv2, ca2)
+    start_stall, start_var = _bulk_start(wh, lam, x_mean, s_mean, tpot, w, cv2)
+    tpot = tpot + start_stall
     # whole prompts: one step each, queued ones share a step when the budget holds two; chunked: C - B
     # tokens a step (two prompts that fit a step batch like whole ones), and a prompt that queued
     # starts in its predecessor's last step (half a step on average)
@@ -121,7 +126,27 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
                               per_step=np.floor(np.maximum(chunks[:, None] - b_cap, 1.0) / max(isl_new, 1.0)),
                               stall_gap_share=lam * pieces * tpot, batched=batched,
                               interference=np.where(wh, "prefill interference", "prefill chunks"), joint=joint,
-                              prompt_s=lambda q: s_mean * _prefill_ratio(pm, w, q), x_full=x_full)
+                              prompt_s=lambda q: s_mean * _prefill_ratio(pm, w, q), x_full=x_full,
+                              start_variance=start_var)
+
+
+def _bulk_start(whole, lam, x, own_s, tpot, w: Workload, x_cv2: float = 0.0, variance: bool = True
+                ) -> tuple[np.ndarray, np.ndarray | None]:
+    """(mean, variance) that whole prompts sharing the decodes' steps add to a request's TPOT because
+    it starts decoding right after its own prompt's step (``bulk_start_stall``, ``bulk_start_variance``):
+    the prompts that arrived during that step run in the next one. ``x``: what one prompt adds to every
+    running decode; ``own_s``: the step that carries the request's prompt. Zero for chunked rows; the
+    variance None unless asked for."""
+    rho = lam * x
+    ok = whole & np.isfinite(tpot) & (rho < 1)
+    rho = np.where(ok, rho, 0.0)
+    own = np.where(ok, np.maximum(own_s, tpot), 0.0)
+    mean = f.bulk_start_stall(E_inv_n=inverse_osl(w), TPOT=np.where(ok, tpot, 0.0), rho_p=rho, t_own=own)
+    if not variance:
+        return np.where(ok, mean, 0.0), None
+    var = f.bulk_start_variance(**{"E_X2": x**2 * (1 + x_cv2), "E_inv_n2": inverse_osl(w, 2), "lambda": lam,
+                                   "rho_p": rho, "t_own": own})
+    return np.where(ok, mean, 0.0), np.where(ok, var, 0.0)
 
 
 def _prefill_ratio(pm: PoolModel, w: Workload, q: float) -> float:
@@ -152,7 +177,8 @@ def busy_tpot(lam, batch, t_d, rho_x, work_s, t_b, cv2: float, ca2: float = 1.0)
 
 def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, t_d, tpot, rho_x, rho_prefill, x_mean,
                        work_s, s_mean, s_q, slope, piece_s, stall_gap_share, batched, interference, joint: bool,
-                       prompt_s, queued_s=None, shared_steps=None, per_step=None, x_full=None) -> ModeArrays:
+                       prompt_s, queued_s=None, shared_steps=None, per_step=None, x_full=None,
+                       start_variance=None) -> ModeArrays:
     """Tails, waits, utilisation and the binding resource of one instance that runs prompts and decodes.
 
     ``x_mean``: time one prompt adds to every running decode; ``work_s``: the time a prompt holds the
@@ -165,12 +191,13 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     progress and then runs in the next one with every prompt that arrived meanwhile (``_step_ttft``),
     as long as a prompt step's arrivals fill at most half of the ``per_step`` prompts the token
     budget holds and a prompt adds at most two decode steps' time (beyond that prompts queue behind
-    long prompt steps: the M/G/1 form).
+    long prompt steps: the M/G/1 form). ``start_variance``: what whole prompts queued behind a request's
+    own step add to the variance of its TPOT (``_bulk_start``).
     """
     stable_decode = np.isfinite(batch) & (batch < limit) & (rho_prefill < 1) & (rho_x < 1)
     b_cap = np.minimum(batch, limit)
     cv2 = w.isl.cv**2
-    tpot_var, tpot_p = tpot_tail(tpot, rho_x, lam, x_mean, cv2, w, slope, b_cap, p)
+    tpot_var, tpot_p = tpot_tail(tpot, rho_x, lam, x_mean, cv2, w, slope, b_cap, p, extra_variance=start_variance)
     tpot_full = full_batch_tpot(t_d, slope, b_cap, limit, x_mean if x_full is None else x_full, w.osl.mean)
     tpot_p = np.minimum(tpot_p, tpot_full)
 
