@@ -100,16 +100,22 @@ def role(pid: str, cmd: str) -> str:
 
 
 def steps_of(records: list[RequestRecord]) -> dict[str, np.ndarray]:
-    """The engine steps read from the token stream: end time, tokens, first tokens, duration (from the step before)."""
-    events = sorted((t, i == 0) for r in records for i, t in enumerate(r.token_s))
+    """The engine steps read from the token stream (each step after the first): end time, tokens, first tokens,
+    duration and the idle time before it. A step starts when the one before it ends, or, if the engine had
+    nothing to do until then, when the latest of the prompts whose first token it emits arrived."""
+    events = sorted((t, i == 0, r.sent_s) for r in records for i, t in enumerate(r.token_s))
     t = np.array([e[0] for e in events])
     first = np.array([e[1] for e in events], dtype=float)
+    sent = np.array([e[2] if e[1] else -np.inf for e in events])
     step = np.concatenate([[0], np.cumsum(np.diff(t) > STEP_GAP_S)])
     n = int(step[-1]) + 1
-    end = np.full(n, -np.inf)
+    end, latest_sent = np.full(n, -np.inf), np.full(n, -np.inf)
     np.maximum.at(end, step, t)
+    np.maximum.at(latest_sent, step, sent)
+    start = np.maximum(end[:-1], latest_sent[1:])
     return {"end": end[1:], "tokens": np.bincount(step, minlength=n)[1:].astype(float),
-            "prompts": np.bincount(step, weights=first, minlength=n)[1:], "duration": np.diff(end)}
+            "prompts": np.bincount(step, weights=first, minlength=n)[1:], "duration": end[1:] - start,
+            "idle": start - end[:-1]}
 
 
 def main() -> None:
@@ -164,6 +170,8 @@ def run_probe(a: argparse.Namespace, cfg, work: Path, ceilings, out: dict) -> No
                         for pid, (t, cmd) in after.items() if t - before.get(pid, (0.0, ""))[0] > 0.02 * wall}
     out["engine_counters"] = {k: metrics1[k] - metrics0.get(k, 0.0) for k in metrics1
                               if k.endswith(("_sum", "_count", "_total")) and "bucket" not in k}
+    failed = sum(not r.ok for r in recs)
+    recs = [r for r in recs if r.ok]
     s = steps_of(recs)
     prompt_step = s["prompts"] > 0
     decodes = s["tokens"] - s["prompts"]
@@ -174,7 +182,9 @@ def run_probe(a: argparse.Namespace, cfg, work: Path, ceilings, out: dict) -> No
     out["measured"] = {"ttft_p50_ms": np.percentile(ttft, 50) * 1e3, "ttft_p90_ms": np.percentile(ttft, 90) * 1e3,
                        "tpot_p50_ms": np.percentile(tpot, 50) * 1e3, "tpot_p90_ms": np.percentile(tpot, 90) * 1e3,
                        "tpot_mean_ms": float(np.mean(tpot)) * 1e3}
-    out["steps"] = {"read": int(s["end"].size + 1), "span_s": float(s["end"][-1] - s["end"][0]),
+    out["steps"] = {"read": int(s["end"].size + 1), "failed_requests": failed,
+                    "span_s": float((s["duration"] + s["idle"]).sum()), "idle_s": float(s["idle"].sum()),
+                    "prompt_steps_without_decodes": int((prompt_step & (decodes == 0)).sum()),
                     "prompt_steps_s": float(s["duration"][prompt_step].sum()),
                     "prompt_steps_predicted_s": float(predicted[prompt_step].sum()),
                     "decode_steps_s": float(s["duration"][~prompt_step].sum()),

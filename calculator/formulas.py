@@ -140,7 +140,8 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "S_w": ("S_{w}", "time one prompt keeps the prompt queue busy", "s"),
     "Delta_B": ("\\Delta B", "rise of the decode batch while prompts are queued", "sequences"),
     "t_own": ("t_{own}", "duration of the step that carries a request's own (whole) prompt", "s"),
-    "E_inv_n2": ("E[1/n^{2}]", "mean of 1 / (output tokens - 1)^2 over requests", "1/tokens^2"),
+    "b_n": ("\\bar{b}_{n}", "mean over requests of (1 + rho + ... + rho^(n-1)) / n, n its gaps (0 for none)", "1"),
+    "b_n2": ("\\bar{b}^{(2)}_{n}", "mean over requests of ((1 + rho + ... + rho^(n-1)) / n)^2", "1"),
     "k_g": ("k", "gamma shape", "1"),
     "theta_g": ("\\theta", "gamma scale", "s"),
     "a_acc": ("a", "probability that a draft token is accepted (each independently)", "1"),
@@ -1191,33 +1192,33 @@ token_weighted_tpot = Formula(
 )
 
 
-def _bulk_start_stall(E_inv_n: Any, TPOT: Any, rho_p: Any, t_own: Any) -> Any:
-    return E_inv_n*rho_p*(-TPOT + t_own)/(1 - rho_p)
+def _bulk_start_stall(TPOT: Any, b_n: Any, rho_p: Any, t_own: Any) -> Any:
+    return b_n*rho_p*(-TPOT + t_own)
 
 
 bulk_start_stall = Formula(
     name="bulk_start_stall",
     section="queueing and serving",
     unit="s",
-    doc="What a request's mean TPOT gains because it starts decoding right after a step of whole prompts: the prompts that arrived during its own step (lambda t_own of them) run in the next step, where a random moment of its life would find only those that arrived during one of its gaps (lambda TPOT). Each extra prompt adds its stall x to the lifetime, and the longer lifetime admits more (1 / (1 - rho), rho = lambda x); spread over the request's n gaps. Zero for Sarathi chunks, which leave a FIFO queue behind as an arrival finds it.",
-    args=("E_inv_n", "TPOT", "rho_p", "t_own"),
-    latex="\\frac{E[1/n] \\rho_{p} \\left(- TPOT + t_{own}\\right)}{1 - \\rho_{p}}",
+    doc="What a request's mean TPOT gains because it starts decoding right after a step that carried its whole prompt: the prompts that arrived during that step (lambda t_own of them) run in the next step, where a random moment of its life would find only those that arrived during one of its gaps (lambda TPOT). Each extra prompt adds its stall x, and every gap it lengthens admits more prompts into the next: over a request's n gaps the delay grows by 1 + rho + ... + rho^(n-1) (rho = lambda x), spread over the n gaps (b_n, averaged over the output lengths; 1 / (1 - rho) over n for long outputs, nothing without a gap). Chunked prompts that span several steps leave a FIFO queue behind as an arrival finds it: no such term.",
+    args=("TPOT", "b_n", "rho_p", "t_own"),
+    latex="\\bar{b}_{n} \\rho_{p} \\left(- TPOT + t_{own}\\right)",
     fn=_bulk_start_stall,
     symbol_table=SYMBOL_TABLE,
 )
 
 
-def _bulk_start_variance(E_X2: Any, E_inv_n2: Any, lambda_: Any, rho_p: Any, t_own: Any) -> Any:
-    return E_inv_n2*E_X2*lambda_*t_own/(1 - rho_p)**2
+def _bulk_start_variance(E_X2: Any, b_n2: Any, lambda_: Any, t_own: Any) -> Any:
+    return E_X2*b_n2*lambda_*t_own
 
 
 bulk_start_variance = Formula(
     name="bulk_start_variance",
     section="queueing and serving",
     unit="s^2",
-    doc="Variance that the prompts queued behind a request's own step add to its TPOT: their number is Poisson (mean lambda t_own), each a stall of second moment E[X^2], amplified by 1 / (1 - rho) like the mean, over the request's n gaps.",
-    args=("E_X2", "E_inv_n2", "lambda", "rho_p", "t_own"),
-    latex="\\frac{E[1/n^{2}] E[X^{2]} \\lambda t_{own}}{\\left(1 - \\rho_{p}\\right)^{2}}",
+    doc="Variance that the prompts queued behind a request's own step add to its TPOT: their number is Poisson (mean lambda t_own), each a stall of second moment E[X^2], grown over the gaps like the mean (b_n2).",
+    args=("E_X2", "b_n2", "lambda", "t_own"),
+    latex="E[X^{2]} \\bar{b}^{(2)}_{n} \\lambda t_{own}",
     fn=_bulk_start_variance,
     symbol_table=SYMBOL_TABLE,
 )

@@ -634,25 +634,27 @@ token_weighted_tpot = _formula(
     "With Delta B = 0 it is t_d / (1 - rho_x); the correlation of long steps with a large batch raises it.",
 )
 t_own = _sym("t_own", "duration of the step that carries a request's own (whole) prompt", "s", r"t_{own}")
+b_n = _sym("b_n", "mean over requests of (1 + rho + ... + rho^(n-1)) / n, n its gaps (0 for none)", "1",
+           r"\bar{b}_{n}")
 bulk_start_stall = _formula(
     "bulk_start_stall",
-    rho_p * (t_own - tpot_sym) * inv_n / (1 - rho_p),
+    rho_p * (t_own - tpot_sym) * b_n,
     "s",
-    "What a request's mean TPOT gains because it starts decoding right after a step of whole prompts: the "
-    "prompts that arrived during its own step (lambda t_own of them) run in the next step, where a random "
-    "moment of its life would find only those that arrived during one of its gaps (lambda TPOT). Each extra "
-    "prompt adds its stall x to the lifetime, and the longer lifetime admits more (1 / (1 - rho), rho = lambda x); "
-    "spread over the request's n gaps. Zero for Sarathi chunks, which leave a FIFO queue behind as an arrival "
-    "finds it.",
+    "What a request's mean TPOT gains because it starts decoding right after a step that carried its whole "
+    "prompt: the prompts that arrived during that step (lambda t_own of them) run in the next step, where a "
+    "random moment of its life would find only those that arrived during one of its gaps (lambda TPOT). Each "
+    "extra prompt adds its stall x, and every gap it lengthens admits more prompts into the next: over a "
+    "request's n gaps the delay grows by 1 + rho + ... + rho^(n-1) (rho = lambda x), spread over the n gaps "
+    "(b_n, averaged over the output lengths; 1 / (1 - rho) over n for long outputs, nothing without a gap). "
+    "Chunked prompts that span several steps leave a FIFO queue behind as an arrival finds it: no such term.",
 )
-inv_n2 = _sym("E_inv_n2", "mean of 1 / (output tokens - 1)^2 over requests", "1/tokens^2", r"E[1/n^{2}]")
+b_n2 = _sym("b_n2", "mean over requests of ((1 + rho + ... + rho^(n-1)) / n)^2", "1", r"\bar{b}^{(2)}_{n}")
 bulk_start_variance = _formula(
     "bulk_start_variance",
-    lam * t_own * X2 * inv_n2 / (1 - rho_p) ** 2,
+    lam * t_own * X2 * b_n2,
     "s^2",
     "Variance that the prompts queued behind a request's own step add to its TPOT: their number is Poisson "
-    "(mean lambda t_own), each a stall of second moment E[X^2], amplified by 1 / (1 - rho) like the mean, over "
-    "the request's n gaps.",
+    "(mean lambda t_own), each a stall of second moment E[X^2], grown over the gaps like the mean (b_n2).",
 )
 lognormal_quantile = _formula(
     "lognormal_quantile",

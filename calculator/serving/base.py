@@ -27,7 +27,7 @@ from ..kv_cache import kv_bytes_per_gpu
 from ..limits import MAX_EXPERT_PARALLEL, MAX_PARALLEL
 from ..phases import DEFAULT_EXPERT_IMBALANCE, Setup, step_groups, step_time_s
 from ..speculation import Speculation, draft_setup, speculative_groups
-from .workload import SLO, Count, Workload, running_context
+from .workload import SLO, Count, Length, Workload, running_context
 
 Mode = Literal["mixed", "chunked", "disaggregated"]
 Scheduler = Literal["hybrid", "prefill_first"]
@@ -859,11 +859,36 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return sign * (1 - poly * np.exp(-x * x))
 
 
-def inverse_osl(w: Workload, power: int = 1) -> float:
-    """E[1 / (osl - 1)^power] over the output-length distribution (requests with one token have no gaps)."""
+def inverse_osl(w: Workload) -> float:
+    """E[1 / (osl - 1)] over the output-length distribution (requests with one token have no gaps)."""
     vals, weights = w.osl.points()
     gaps = np.maximum(vals - 1, 1.0)
-    return float(np.sum(weights / gaps**power))
+    return float(np.sum(weights / gaps))
+
+
+GAP_RHO = np.concatenate([np.linspace(0.0, 0.9, 91), 1 - np.geomspace(0.1, 1e-4, 200)[1:], [1.0]])
+"""Loads at which ``gap_amplification`` is tabulated (denser towards 1, where long outputs bend it)."""
+
+
+@functools.lru_cache(maxsize=256)
+def _gap_amplification_table(osl: Length) -> tuple[np.ndarray, np.ndarray]:
+    """E[a_n] and E[a_n^2] at the loads GAP_RHO, a_n = (1 + rho + ... + rho^(n-1)) / n over the output
+    lengths' n = osl - 1 gaps (0 for a request without a gap)."""
+    vals, weights = osl.points()
+    n = np.maximum(np.asarray(vals, dtype=float) - 1, 0.0)[None, :]
+    r = GAP_RHO[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        total = np.where(r < 1, (1 - r**n) / (1 - r), n)
+    a = np.where(n > 0, total / np.maximum(n, 1.0), 0.0)
+    return a @ weights, a**2 @ weights
+
+
+def gap_amplification(w: Workload, rho, power: int = 1) -> np.ndarray:
+    """The mean over requests of ((1 + rho + ... + rho^(n-1)) / n)^power, n a request's gaps: how a delay at
+    the start of a lifetime grows as each gap it lengthens admits more prompts (``bulk_start_stall``), per
+    gap. Tabulated in rho per output-length distribution and interpolated (a plan asks on whole grids)."""
+    table = _gap_amplification_table(w.osl)[power - 1]
+    return np.interp(np.clip(np.asarray(rho, dtype=float), 0.0, 1.0), GAP_RHO, table)
 
 
 SLOT_WAIT_SHARE = 0.01

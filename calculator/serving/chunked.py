@@ -32,8 +32,8 @@ from .base import (
     PrefillService,
     SlotQueue,
     first_root,
+    gap_amplification,
     interp_rows,
-    inverse_osl,
     mixture_quantile,
     seen,
     step_wait,
@@ -92,8 +92,8 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     seen_g = seen(grid, tab["decode_only"])[:, None, :]  # the step a decoding request sees: t_d(B + 1)
     ca2 = w.arrival_cv**2
     tpot_grid = busy_tpot(lam3, grid[None, None, :], seen_g, lam3 * (s_g - k_g * t_d_g), work_g, t_b_g, cv2, ca2)
-    tpot_grid = tpot_grid + _bulk_start(whole[:, None, None], lam3, s_g - k_g * t_d_g, s_g, tpot_grid, w,
-                                         variance=False)[0]
+    one_step_g = whole[:, None, None] | (2 * isl_new <= room_g)  # a prompt runs in one step
+    tpot_grid = tpot_grid + _bulk_start(one_step_g, lam3, s_g - k_g * t_d_g, s_g, tpot_grid, w, variance=False)[0]
     batch = first_root(grid, grid[None, None, :] - lam3 * w.osl.mean * tpot_grid)
     b_cap = np.minimum(batch, limit)
 
@@ -109,7 +109,8 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     work_s, t_b = _busy_steps(wh, isl_new, room, s_mean, t_full)
     slope = interp_rows(grid, tab["decode_only"], b_cap + 1) - t_d
     tpot = busy_tpot(lam, b_cap, t_d + slope, rho_x, work_s, t_b, cv2, ca2)
-    start_stall, start_var = _bulk_start(wh, lam, x_mean, s_mean, tpot, w, cv2)
+    gap_tpot = tpot  # the mean gap between steps; a request's TPOT adds its start behind its own step
+    start_stall, start_var = _bulk_start(wh | (2 * isl_new <= room), lam, x_mean, s_mean, tpot, w, cv2)
     tpot = tpot + start_stall
     # whole prompts: one step each, queued ones share a step when the budget holds two; chunked: C - B
     # tokens a step (two prompts that fit a step batch like whole ones), and a prompt that queued
@@ -124,28 +125,29 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
                               s_q, slope, piece_s=piece_s, queued_s=(s_queued, s_queued_q),
                               shared_steps=np.broadcast_to(batched, s_mean.shape),
                               per_step=np.floor(np.maximum(chunks[:, None] - b_cap, 1.0) / max(isl_new, 1.0)),
-                              stall_gap_share=lam * pieces * tpot, batched=batched,
+                              stall_gap_share=lam * pieces * gap_tpot, batched=batched,
                               interference=np.where(wh, "prefill interference", "prefill chunks"), joint=joint,
                               prompt_s=lambda q: s_mean * _prefill_ratio(pm, w, q), x_full=x_full,
                               start_variance=start_var)
 
 
-def _bulk_start(whole, lam, x, own_s, tpot, w: Workload, x_cv2: float = 0.0, variance: bool = True
+def _bulk_start(one_step, lam, x, own_s, tpot, w: Workload, x_cv2: float = 0.0, variance: bool = True
                 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """(mean, variance) that whole prompts sharing the decodes' steps add to a request's TPOT because
-    it starts decoding right after its own prompt's step (``bulk_start_stall``, ``bulk_start_variance``):
-    the prompts that arrived during that step run in the next one. ``x``: what one prompt adds to every
-    running decode; ``own_s``: the step that carries the request's prompt. Zero for chunked rows; the
-    variance None unless asked for."""
+    """(mean, variance) that prompts run whole in the decodes' steps add to a request's TPOT because it
+    starts decoding right after its own prompt's step (``bulk_start_stall``, ``bulk_start_variance``): the
+    prompts that arrived during that step run in the next one. ``one_step``: where a prompt runs in one
+    step (whole prompts; chunks with room for two prompts); ``x``: what one prompt adds to every running
+    decode; ``own_s``: the step that carries the request's prompt. Zero where prompts span several chunks;
+    the variance None unless asked for."""
     rho = lam * x
-    ok = whole & np.isfinite(tpot) & (rho < 1)
+    ok = one_step & np.isfinite(tpot) & (rho < 1)
     rho = np.where(ok, rho, 0.0)
     own = np.where(ok, np.maximum(own_s, tpot), 0.0)
-    mean = f.bulk_start_stall(E_inv_n=inverse_osl(w), TPOT=np.where(ok, tpot, 0.0), rho_p=rho, t_own=own)
+    mean = f.bulk_start_stall(TPOT=np.where(ok, tpot, 0.0), b_n=gap_amplification(w, rho), rho_p=rho, t_own=own)
     if not variance:
         return np.where(ok, mean, 0.0), None
-    var = f.bulk_start_variance(**{"E_X2": x**2 * (1 + x_cv2), "E_inv_n2": inverse_osl(w, 2), "lambda": lam,
-                                   "rho_p": rho, "t_own": own})
+    var = f.bulk_start_variance(**{"E_X2": x**2 * (1 + x_cv2), "b_n2": gap_amplification(w, rho, 2), "lambda": lam,
+                                   "t_own": own})
     return np.where(ok, mean, 0.0), np.where(ok, var, 0.0)
 
 
