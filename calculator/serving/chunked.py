@@ -110,12 +110,12 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     slope = interp_rows(grid, tab["decode_only"], b_cap + 1) - t_d
     tpot = busy_tpot(lam, b_cap, t_d + slope, rho_x, work_s, t_b, cv2, ca2)
     gap_tpot = tpot  # the mean gap between steps; a request's TPOT adds its start behind its own step
-    start_stall, start_var = _bulk_start(wh | (2 * isl_new <= room), lam, x_mean, s_mean, tpot, w, cv2)
+    fits = wh | (2 * isl_new <= room)  # a prompt runs in one step (two fit a step: they batch like whole ones)
+    start_stall, start_var = _bulk_start(fits, lam, x_mean, s_mean, tpot, w, cv2)
     tpot = tpot + start_stall
     # whole prompts: one step each, queued ones share a step when the budget holds two; chunked: C - B
     # tokens a step (two prompts that fit a step batch like whole ones), and a prompt that queued
     # starts in its predecessor's last step (half a step on average)
-    fits = wh | (2 * isl_new <= room)
     pieces = np.where(wh, 1.0, isl_new / room)
     piece_s = np.where(wh, s_mean, t_b)
     batched = np.where(wh, (chunks >= 2 * w.isl.mean)[:, None], fits)
