@@ -16,8 +16,8 @@ It starts the engine as ``pdplan validate --serving`` does (same model, pinning 
    step; a step that carries first tokens is a prompt step. Reported: the time in prompt steps and in
    decode-only steps against the model's step times for the same steps, the engine's own counters, and
    the CPU share of the engine core, the API server and this client over the point.
-3. **Predictions** at the same rate: ``evaluate`` and ``simulate`` (4,000 requests, seed 1) with the
-   fitted device.
+3. **Predictions** at the rate the requests arrived at (recorded; 200 Poisson arrivals stray ~7% from the
+   offered rate): ``evaluate`` and ``simulate`` (4,000 requests, seed 1) with the fitted device.
 """
 
 from __future__ import annotations
@@ -37,13 +37,23 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from calculator.enginebench import runner as R
-from calculator.enginebench.client import RequestRecord, completion_body, poisson_load, stream_tokens
+from calculator.enginebench.client import (
+    RequestRecord,
+    arrival_rate_rps,
+    completion_body,
+    poisson_load,
+    stream_tokens,
+)
 from calculator.enginebench.engine import CONFIGS, HOST
 from calculator.enginebench.model import ENGINE_MODEL, prompt, write_model
 from calculator.enginebench.predict import deployment, predict
+from calculator.enginebench.reanalysis import FALLBACK_MEMORY_BYTES
+from calculator.microbench.ceilings import device_spec
+from calculator.microbench.results import Ceilings
 from calculator.serving import Pool, Workload
 from calculator.serving.base import PoolModel
-from calculator.serving.simulate import simulate
+from calculator.serving.simulate import run_deployment, simulate
+from hardware_db.schema import Efficiency
 
 ISL, OSL = 512, 64
 STEP_GAP_S = 0.0015
@@ -120,13 +130,19 @@ def steps_of(records: list[RequestRecord]) -> dict[str, np.ndarray]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--engine-python", required=True)
+    ap.add_argument("--reanalyse", type=Path, help="a record to predict again (no engine needed)")
+    ap.add_argument("--engine-python")
     ap.add_argument("--config", default="off", choices=sorted(c for c in CONFIGS if not CONFIGS[c].disaggregated))
-    ap.add_argument("--rate", type=float, required=True, help="req/s of the load point")
+    ap.add_argument("--rate", type=float, default=2.8, help="offered req/s of the load point")
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--decode-prompt", type=int, default=512, help="prompt tokens of the probe's decodes")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, default=Path("probe.json"))
     a = ap.parse_args()
+    if a.reanalyse is not None:
+        reanalyse(a.reanalyse)
+        return
+    if a.engine_python is None:
+        ap.error("--engine-python is required to run the engine")
     cfg = CONFIGS[a.config]
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"pdplan-probe-{os.getpid()}"
     work.mkdir(parents=True)
@@ -144,8 +160,12 @@ def run_probe(a: argparse.Namespace, cfg, work: Path, ceilings, out: dict) -> No
     rng = np.random.default_rng(1)
     with R._servers(a.engine_python, model_dir, work, cfg, dtype) as ports, R._client_core(1):
         port = ports[0]
-        _, device = R._calibrate(port, cfg, ceilings, True)
+        # the full run's calibration: decode steps at batch 1, 8 and 32 at the load point's context (the quick
+        # one has only 1 and 16 there, and missed batch 8 by up to 37% on one start)
+        calib, device = R._calibrate(port, cfg, ceilings, False)
         out["efficiency"] = device.efficiency.model_dump()
+        out["calibration"] = {"fit_rms_rel_error": calib.fit_rms_rel_error,
+                              "steps": [s.model_dump() for s in calib.steps]}
         pm = PoolModel.build(ENGINE_MODEL, Pool(gpu=device.id, max_batch=64, weight_dtype=dtype, kv_dtype=dtype),
                              Workload(rate=1.0, isl=ISL, osl=OSL), device)
         out["hybrid"] = []
@@ -192,23 +212,89 @@ def run_probe(a: argparse.Namespace, cfg, work: Path, ceilings, out: dict) -> No
                     "by_prompts": {int(k): {"steps": int((s["prompts"] == k).sum()),
                                             "median_ms": float(np.median(s["duration"][s["prompts"] == k])) * 1e3,
                                             "predicted_median_ms": float(np.median(predicted[s["prompts"] == k])) * 1e3}
-                                   for k in (1, 2, 3, 4) if (s["prompts"] == k).any()}}
-    w = Workload(rate=a.rate, isl=ISL, osl=OSL)
-    e = predict(cfg, device, a.rate, ISL, OSL, dtype)
-    sim = simulate(ENGINE_MODEL, deployment(cfg, device.id, dtype), w, gpus=[device], requests=4000, seed=1)
+                                   for k in (1, 2, 3, 4) if (s["prompts"] == k).any()},
+                    # every step read: tokens, first tokens, duration and the model's time for it (ms)
+                    "each": {"tokens": s["tokens"].astype(int).tolist(), "prompts": s["prompts"].astype(int).tolist(),
+                             "duration_ms": np.round(s["duration"] * 1e3, 3).tolist(),
+                             "predicted_ms": np.round(np.asarray(predicted) * 1e3, 3).tolist()}}
+    # predicted at the rate the requests arrived at: 200 Poisson arrivals stray ~7% from the offered rate, and
+    # near capacity that moves TPOT by tens of percent (the first record's arrived 15% fast)
+    out["arrival_rate_rps"] = arrival_rate_rps(recs) or a.rate
+    out["ceilings"] = {"matmul_flops_per_s": ceilings.matmul_flops_per_s, "memory_bytes_per_s": ceilings.memory_bytes_per_s}
+    add_predictions(out, cfg, device)
+    a.out.write_text(json.dumps(out, indent=1, default=float))
+    for key in ("measured", "closed_form", "simulation", "simulation_at_loaded_steps", "steps", "cpu_share"):
+        print(key, json.dumps(out[key], default=float))
+
+
+class LoadedSteps:
+    """The fitted pool model with its step times scaled to what the engine's steps cost during the load point:
+    steps that carry prompts by one factor, decode-only steps by another (both read from the token stream). The
+    simulation on it separates the queueing model from the step costs: what is left is not the steps."""
+
+    def __init__(self, pm: PoolModel, prompt_scale: float, decode_scale: float) -> None:
+        self._pm, self.prompt_scale, self.decode_scale = pm, prompt_scale, decode_scale
+
+    def decode_s(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return self._pm.decode_s(*args, **kwargs) * self.decode_scale
+
+    def step_s(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return self._pm.step_s(*args, **kwargs) * self.prompt_scale
+
+    def prefill_s(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return self._pm.prefill_s(*args, **kwargs) * self.prompt_scale
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._pm, name)
+
+
+def add_predictions(out: dict, cfg, device) -> None:  # type: ignore[no-untyped-def]
+    """The closed form and the simulation at the record's arrival rate, and the simulation with the steps the
+    engine ran at their loaded cost (``LoadedSteps``)."""
+    dtype, rate = out["dtype"], out["arrival_rate_rps"]
+    w = Workload(rate=rate, isl=ISL, osl=OSL)
+    d = deployment(cfg, device.id, dtype)
+    e = predict(cfg, device, rate, ISL, OSL, dtype)
+    sim = simulate(ENGINE_MODEL, d, w, gpus=[device], requests=4000, seed=1)
     out["closed_form"] = {"stable": e.stable, "ttft_p50_ms": e.ttft_s(50) * 1e3 if e.stable else None,
                           "ttft_p90_ms": e.ttft_s(90) * 1e3 if e.stable else None,
                           "tpot_p50_ms": e.tpot_s(50) * 1e3 if e.stable else None,
                           "tpot_p90_ms": e.tpot_s(90) * 1e3 if e.stable else None,
                           "tpot_mean_ms": e.tpot_mean_s * 1e3, "utilisation": e.utilisation, "binding": e.binding}
     out["simulation"] = {"stable": sim.stable, "decode_batch": sim.decode_batch,
-                         "tpot_mean_ms_by_littles_law": sim.decode_batch / a.rate / (OSL - 1) * 1e3,
+                         "tpot_mean_ms_by_littles_law": sim.decode_batch / rate / (OSL - 1) * 1e3,
                          **{f"{k}_p{p}_ms": v[p] * 1e3 for k, v in (("ttft", sim.ttft_by_percentile_s),
                                                                      ("tpot", sim.tpot_by_percentile_s))
                             for p in (50, 90) if p in v}}
-    a.out.write_text(json.dumps(out, indent=1, default=float))
-    for key in ("measured", "closed_form", "simulation", "steps", "cpu_share"):
+    st = out["steps"]
+    loaded = LoadedSteps(PoolModel.build(ENGINE_MODEL, d.pool, w, device),
+                         st["prompt_steps_s"] / st["prompt_steps_predicted_s"],
+                         st["decode_steps_s"] / st["decode_steps_predicted_s"])
+    t = run_deployment(ENGINE_MODEL, d, w, [loaded], requests=4000, seed=1)  # type: ignore[list-item]
+    out["simulation_at_loaded_steps"] = {"prompt_step_scale": loaded.prompt_scale,
+                                         "decode_step_scale": loaded.decode_scale, "stable": t.stable,
+                                         "ttft_p50_ms": t.ttft_p(50) * 1e3, "ttft_p90_ms": t.ttft_p(90) * 1e3,
+                                         "tpot_p50_ms": t.tpot_p(50) * 1e3, "tpot_p90_ms": t.tpot_p(90) * 1e3,
+                                         "tpot_mean_ms": float(np.nanmean(t.tpot_s)) * 1e3}
+
+
+def reanalyse(path: Path) -> None:
+    """Make a record's predictions again with this version of pdplan (no engine): its device from the recorded
+    CPU ceilings and fitted efficiencies. Records without their ceilings (the first one) cannot be."""
+    out = json.loads(path.read_text())
+    if "ceilings" not in out or "arrival_rate_rps" not in out:
+        raise SystemExit(f"{path}: no recorded ceilings or arrival rate; run the probe again")
+    c = Ceilings(device="cpu", device_name=out["machine"], device_details="", threads=1, dtype=out["dtype"], matmul=(),
+                 matmul_flops_per_s=out["ceilings"]["matmul_flops_per_s"], copy_bytes=COPY_BYTES,
+                 copy_time_s=2 * COPY_BYTES / out["ceilings"]["memory_bytes_per_s"],
+                 memory_bytes_per_s=out["ceilings"]["memory_bytes_per_s"], memory_total_bytes=FALLBACK_MEMORY_BYTES)
+    add_predictions(out, CONFIGS[out["config"]], device_spec(c, Efficiency(**out["efficiency"])))
+    path.write_text(json.dumps(out, indent=1, default=float))
+    for key in ("measured", "closed_form", "simulation", "simulation_at_loaded_steps"):
         print(key, json.dumps(out[key], default=float))
+
+
+COPY_BYTES = 128 * 2**20
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import sys
 import textwrap
 import time
@@ -100,6 +101,8 @@ def test_poisson_arrivals_follow_the_rate() -> None:
     assert all(r.ok for r in recs)
     span = sent[-1] - sent[0]
     assert 199 / span == pytest.approx(400, rel=0.25)  # 200 exponential gaps at 400/s: ~0.5 s
+    assert client.arrival_rate_rps(recs) == pytest.approx(199 / span, rel=1e-12)  # what a load point records
+    assert client.arrival_rate_rps(recs[:1]) is None
 
 
 def test_prometheus_totals_sum_over_labels() -> None:
@@ -241,7 +244,8 @@ def _point(config: str, rate: float, frac: float, meas: dict, pred: dict, cap: f
     p = results.Predicted(stable=frac < 1, utilisation=frac, binding="prefill chunks", itl_p50_s=0.004,
                           itl_p90_s=0.01, **{k: pred[k] for k in keys})
     return results.LoadPoint(config=config, config_name=config, rate_rps=rate, fraction_of_capacity=frac,
-                             load_average=1.5, measured=m, predicted=p, predicted_capacity_rps=cap)
+                             arrival_rate_rps=rate * 1.05, load_average=1.5, measured=m, predicted=p,
+                             predicted_capacity_rps=cap)
 
 
 def test_report_checks_orderings_and_bounds(tmp_path: Path) -> None:
@@ -284,7 +288,7 @@ def test_report_checks_orderings_and_bounds(tmp_path: Path) -> None:
     assert by_widened(r)["chunk64 at 4.0 req/s: TTFT p50 within 50%"]
     report.write_outputs(r, tmp_path)
     md = (tmp_path / "report.md").read_text()
-    assert "| chunk64 | 4.00 | 0.50 |" in md and "+30%" in md
+    assert "| chunk64 | 4.00 | 4.20 | 0.50 |" in md and "+30%" in md  # offered, arrived (recorded: no *)
     assert (tmp_path / "plot.png").stat().st_size > 10_000
     again = results.ServingReport.model_validate_json((tmp_path / "report.json").read_text())
     assert again == r
@@ -356,7 +360,7 @@ def test_the_committed_report_is_this_versions_prediction(reanalysed: results.Se
 
 def test_the_quick_record_is_this_versions_prediction_and_passes_its_checks() -> None:
     """The quick-mode record (fp32 on a CPU without native bf16): reanalysis reproduces it, and every ordering
-    and bound of the CI quick mode holds."""
+    and bound of the CI quick mode holds but one TTFT p90."""
     from calculator.enginebench.reanalysis import reanalyse
 
     quick = results.ServingReport.model_validate_json((QUICK_RECORD / "report.json").read_text(encoding="utf-8"))
@@ -364,7 +368,11 @@ def test_the_quick_record_is_this_versions_prediction_and_passes_its_checks() ->
     again = reanalyse(quick)
     assert _same(again.model_dump(exclude={"predicted_by"}), quick.model_dump(exclude={"predicted_by"}))
     checks = report.checks(quick, report.widening(quick))
-    assert len(checks) == 15 and all(c.passed for c in checks), [c for c in checks if not c.passed]
+    missed = [c.name for c in checks if not c.passed]
+    # predicted at the rates the 60 requests arrived at (+8% and +9% over the offered ones at half load), TPOT
+    # p50 moves from -16% / -15% to -4% / -8%; chunk 256's TTFT p90 then reads +37% (the chunked TTFT tail is
+    # high, issue 10): the one figure outside its bound
+    assert len(checks) == 15 and missed == ["chunk256 at 1.9 req/s: TTFT p90 within 35%"], missed
 
 
 def test_reanalysis_keeps_the_measurements_and_predicts_each_point(reanalysed: results.ServingReport) -> None:
@@ -382,9 +390,34 @@ def test_reanalysis_keeps_the_measurements_and_predicts_each_point(reanalysed: r
     cal = next(c for c in reanalysed.calibrations if c.config == "chunk64")
     device = measured_device(committed).model_copy(update={"efficiency": cal.efficiency})
     p = next(p for p in reanalysed.points if p.config == "chunk64" and 0.55 < p.fraction_of_capacity < 0.65)
-    e = predict.predict(CONFIGS["chunk64"], device, p.rate_rps, committed.isl, committed.osl, committed.dtype)
+    assert p.arrival_rate_rps is not None and p.arrival_rate_replayed  # the run predates recording it
+    e = predict.predict(CONFIGS["chunk64"], device, p.arrival_rate_rps, committed.isl, committed.osl, committed.dtype)
     assert p.predicted.tpot_p50_s == pytest.approx(e.tpot_by_percentile_s[50], rel=1e-12)
     assert p.predicted.ttft_p50_s == pytest.approx(e.ttft_by_percentile_s[50] + cal.front_end_request_s, rel=1e-12)
+
+
+def test_replayed_arrival_rates_are_the_ones_the_engine_served() -> None:
+    """The committed reports did not record the rate their requests arrived at; replaying the run's draws gives
+    it. Checked against what the engine itself served: below capacity the measured throughput follows the
+    replayed rate (median 0.7% apart in the full report) and not the offered one (4-5% apart; 200 Poisson
+    arrivals stray ~7% from their rate, up to -15% / +14% here)."""
+    from calculator.enginebench.reanalysis import replayed_arrivals
+
+    for rec, n_points in ((COMMITTED, 16), (QUICK_RECORD, 4)):
+        rep = results.ServingReport.model_validate_json((rec / "report.json").read_text(encoding="utf-8"))
+        arrivals = replayed_arrivals(rep)
+        assert len(arrivals) == len(rep.points) == n_points
+        assert all(a.size == rep.requests_per_point and a[0] == 0 and np.all(np.diff(a) >= 0) for a in arrivals)
+        if rec != COMMITTED:
+            continue
+        below = [(p, a) for p, a in zip(rep.points, arrivals) if p.fraction_of_capacity <= 0.8]
+        replayed = [abs(p.measured.throughput_rps / ((a.size - 1) / a[-1]) - 1) for p, a in below]
+        offered = [abs(p.measured.throughput_rps / p.rate_rps - 1) for p, _ in below]
+        assert statistics.median(replayed) < 0.02 and statistics.median(offered) > 0.03
+        # chunk 64 at 0.55 of capacity: offered 7.29 req/s, arrived 8.33, the engine served 8.63
+        p, a = next((p, a) for p, a in below if p.config == "chunk64" and 0.5 < p.fraction_of_capacity < 0.6)
+        assert p.rate_rps == pytest.approx(7.29, abs=0.01) and (a.size - 1) / a[-1] == pytest.approx(8.33, abs=0.01)
+        assert p.measured.throughput_rps == pytest.approx(8.63, abs=0.01)
 
 
 def test_reanalysis_is_idempotent_and_splits_the_1p1d_move_as_the_run_did(reanalysed: results.ServingReport) -> None:

@@ -169,11 +169,16 @@ async def _one(send: Sender, rec: RequestRecord, prompt: str, t0: float) -> None
         rec.error = f"{type(e).__name__}: {e}"[:300]
 
 
+def poisson_arrivals(rng: np.random.Generator, n: int, rate_rps: float) -> np.ndarray:
+    """``n`` Poisson arrival times at ``rate_rps``, s from the first (which is at 0)."""
+    gaps = rng.exponential(1.0 / rate_rps, size=n)
+    return np.cumsum(gaps) - gaps[0]
+
+
 async def poisson_load(send: Sender, prompts: list[str], prompt_tokens: int, output_tokens: int, rate_rps: float,
                        rng: np.random.Generator, on_done: Callable[[], None] | None = None) -> list[RequestRecord]:
     """Send ``prompts`` at Poisson arrivals of ``rate_rps``; every request's record once all are done."""
-    gaps = rng.exponential(1.0 / rate_rps, size=len(prompts))
-    arrivals = np.cumsum(gaps) - gaps[0]
+    arrivals = poisson_arrivals(rng, len(prompts), rate_rps)
     t0 = time.perf_counter()
     records, tasks = [], []
     for i, (at, p) in enumerate(zip(arrivals, prompts)):
@@ -188,6 +193,12 @@ async def poisson_load(send: Sender, prompts: list[str], prompt_tokens: int, out
         tasks.append(task)
     await asyncio.gather(*tasks)
     return records
+
+
+def arrival_rate_rps(records: list[RequestRecord]) -> float | None:
+    """The rate ``records`` were sent at: (n - 1) / (last send - first send); None for fewer than two."""
+    sent = sorted(r.sent_s for r in records)
+    return (len(sent) - 1) / (sent[-1] - sent[0]) if len(sent) > 1 and sent[-1] > sent[0] else None
 
 
 async def get(host: str, port: int, path: str) -> bytes:

@@ -5,6 +5,9 @@ times and front end, the 1P1D connector's unloaded TTFT and the time it held the
 offered rates. Reanalysis fits each instance's efficiencies again on its own step times (the step model may
 have changed), splits the 1P1D move again, and asks ``evaluate`` for every load point, capacity and curve;
 the measurements are left as they were. ``pdplan validate --serving --reanalyse DIR`` writes the result.
+
+Each load point is predicted at the rate its requests were sent at (``LoadPoint.arrival_rate_rps``). A report
+made before that rate was recorded gets it by replaying the run's random draws (``replayed_arrivals``).
 """
 
 from __future__ import annotations
@@ -12,11 +15,15 @@ from __future__ import annotations
 import datetime as dt
 from importlib import metadata
 
+import numpy as np
+
 from hardware_db.schema import GPUSpec
 
 from ..microbench.ceilings import device_spec
 from ..microbench.results import Ceilings
+from .client import poisson_arrivals
 from .engine import CONFIGS
+from .model import prompt
 from .predict import StepPoint, capacity_rps, curve, fit_device, predict, prefill_s, split_transfer, with_link
 from .results import Calibration, Predicted, ServingReport
 
@@ -34,6 +41,36 @@ def measured_device(report: ServingReport) -> GPUSpec:
         dtype=report.dtype, matmul=(), matmul_flops_per_s=report.matmul_gflops * 1e9, copy_bytes=copy_bytes,
         copy_time_s=2 * copy_bytes / (report.copy_gb_s * 1e9), memory_bytes_per_s=report.copy_gb_s * 1e9,
         memory_total_bytes=report.memory_total_bytes or FALLBACK_MEMORY_BYTES))
+
+
+def replayed_arrivals(report: ServingReport) -> list[np.ndarray]:
+    """Each load point's arrival times (s from its first), replayed from the run's seed: the runner draws, from one
+    generator in this order, per configuration (1P1D first sends one warm-up request and the transfer's
+    1 + ``TRANSFER_TRIES`` lone ones) and per load point ``requests_per_point`` prompts, then the Poisson gaps.
+    Exact for reports of the runner as of 2026-12-02 onwards (checked against the committed reports' measured
+    throughput in tests); a report that recorded its arrival rates does not need it."""
+    from .runner import TRANSFER_TRIES
+
+    rng = np.random.default_rng(0 if report.seed is None else report.seed)
+    n, out, started = report.requests_per_point, [], set()
+    for p in report.points:
+        if CONFIGS[p.config].disaggregated and p.config not in started:
+            for _ in range(2 + TRANSFER_TRIES):
+                prompt(report.isl, rng)
+        started.add(p.config)
+        for _ in range(n):
+            prompt(report.isl, rng)
+        out.append(poisson_arrivals(rng, n, p.rate_rps))
+    return out
+
+
+def _arrival_rates(report: ServingReport) -> list[tuple[float, bool]]:
+    """(arrival rate, replayed) per load point: as recorded, else replayed."""
+    if all(p.arrival_rate_rps is not None for p in report.points):
+        return [(p.arrival_rate_rps, p.arrival_rate_replayed) for p in report.points]  # type: ignore[misc]
+    replay = replayed_arrivals(report)
+    return [(p.arrival_rate_rps, p.arrival_rate_replayed) if p.arrival_rate_rps is not None
+            else ((a.size - 1) / (a[-1] - a[0]), True) for p, a in zip(report.points, replay)]
 
 
 def _refit(base: GPUSpec, calib: Calibration, dtype: str) -> tuple[Calibration, GPUSpec]:
@@ -78,15 +115,18 @@ def reanalyse(report: ServingReport) -> ServingReport:
         devices[calib.config] = (new, with_link(device, isl, save, dtype))
         calibrations.append(new)
     points, curves = [], []
+    arrivals = dict(zip((id(p) for p in report.points), _arrival_rates(report)))
     for name in dict.fromkeys(p.config for p in report.points):
         cfg = CONFIGS[name]
         calib, device = devices[name]
         cap = capacity_rps(cfg, device, isl, osl, dtype=dtype)
         curves.append(curve(name, cfg, device, cap, calib.front_end_s(cfg), isl, osl, dtype))
         for p in (p for p in report.points if p.config == name):
-            pred = Predicted.of(predict(cfg, device, p.rate_rps, isl, osl, dtype), calib.front_end_s(cfg))
+            rate, replayed = arrivals[id(p)]
+            pred = Predicted.of(predict(cfg, device, rate, isl, osl, dtype), calib.front_end_s(cfg))
             points.append(p.model_copy(update={"predicted": pred, "predicted_capacity_rps": cap,
-                                               "fraction_of_capacity": p.rate_rps / cap}))
+                                               "fraction_of_capacity": p.rate_rps / cap, "arrival_rate_rps": rate,
+                                               "arrival_rate_replayed": replayed}))
     last = next((c for c in calibrations if c.config == report.calibration.config), report.calibration)
     today = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     return report.model_copy(update={
@@ -101,4 +141,4 @@ def _pdplan_version() -> str:
         return "(not installed)"
 
 
-__all__ = ["FALLBACK_MEMORY_BYTES", "measured_device", "reanalyse"]
+__all__ = ["FALLBACK_MEMORY_BYTES", "measured_device", "reanalyse", "replayed_arrivals"]

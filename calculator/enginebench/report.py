@@ -230,16 +230,21 @@ def markdown(report: ServingReport) -> str:
     for cal in report.calibrations or (c,):
         lines += _calibration_lines(cal)
     lines += ["", "## Load points", "",
-              "Errors are predicted / measured − 1. Predicted TTFT includes the measured front end.", "",
-              "| config | rate req/s | of capacity | load avg | " + " | ".join(f"{n} pred / meas (err)" for _, n, _, _ in METRICS)
+              ("Errors are predicted / measured − 1. Predicted TTFT includes the measured front end. pdplan predicts "
+               "each point at the rate its requests arrived at (a Poisson sample of "
+               f"{report.requests_per_point} strays from the offered rate by ~{report.requests_per_point ** -0.5:.0%}; "
+               "* replayed from the run's seed, not recorded by it)."), "",
+              "| config | offered req/s | arrived req/s | of capacity | load avg | "
+              + " | ".join(f"{n} pred / meas (err)" for _, n, _, _ in METRICS)
               + " | ITL p90 pred / meas (err) | ITL p99 meas | throughput req/s | failed |",
-              "|" + "---|" * (8 + len(METRICS))]
+              "|" + "---|" * (9 + len(METRICS))]
     for p in report.points:
         cells = []
         for key, _, scale, _ in METRICS:
             pr, me = getattr(p.predicted, key), getattr(p.measured, key)
             cells.append(f"{_fmt(pr, scale)} / {_fmt(me, scale)} ms ({_err(rel_error(pr, me))})")
-        lines.append(f"| {p.config_name} | {p.rate_rps:.2f} | {p.fraction_of_capacity:.2f} | {p.load_average:.2f} | "
+        arrived = "—" if p.arrival_rate_rps is None else f"{p.arrival_rate_rps:.2f}{'*' if p.arrival_rate_replayed else ''}"
+        lines.append(f"| {p.config_name} | {p.rate_rps:.2f} | {arrived} | {p.fraction_of_capacity:.2f} | {p.load_average:.2f} | "
                      + " | ".join(cells) + f" | {_fmt(p.predicted.itl_p90_s)} / {_fmt(p.measured.itl_p90_s)} ms "
                      f"({_err(rel_error(p.predicted.itl_p90_s, p.measured.itl_p90_s))}) | {_fmt(p.measured.itl_p99_s)} ms | "
                      f"{_fmt(p.measured.throughput_rps, 1)} | {p.measured.failed} |")
@@ -286,7 +291,7 @@ def plot(report: ServingReport, path: Path) -> None:
         for p in report.points:
             y = getattr(p.measured, key)
             if y is not None:
-                ax.plot([p.rate_rps], [y * scale], "o", color=colours[p.config],
+                ax.plot([p.predicted_at_rps], [y * scale], "o", color=colours[p.config],
                         mfc="none" if p.fraction_of_capacity > 1 else colours[p.config])
         ax.set_xlabel("arrival rate, req/s")
         ax.set_ylabel(f"{label}, {unit}")
@@ -294,8 +299,8 @@ def plot(report: ServingReport, path: Path) -> None:
         ax.grid(alpha=0.3)
     if report.curves:
         axes[0, 0].legend(fontsize=8)
-    fig.suptitle(f"{report.engine} {report.engine_version}: measured (dots; hollow: beyond predicted capacity) "
-                 "vs pdplan (lines)", fontsize=10)
+    fig.suptitle(f"{report.engine} {report.engine_version}: measured (dots, at the rate the requests arrived at; "
+                 "hollow: offered beyond predicted capacity) vs pdplan (lines)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

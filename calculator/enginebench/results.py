@@ -156,13 +156,25 @@ class EngineStats(_Record):
 class LoadPoint(_Record):
     config: str
     config_name: str
-    rate_rps: float
+    rate_rps: float = Field(description="the offered Poisson rate")
     fraction_of_capacity: float = Field(description="the offered rate / pdplan's predicted capacity")
+    arrival_rate_rps: float | None = Field(default=None, description=(
+        "the rate the point's requests were sent at: (requests - 1) / (last send - first send). A Poisson sample "
+        "of 200 requests strays from the offered rate by ~7% (one standard deviation), which near capacity moves "
+        "latency by tens of percent, so pdplan predicts at this rate. None in reports before 2026-12-05 that "
+        "were not reanalysed"))
+    arrival_rate_replayed: bool = Field(default=False, description=(
+        "the arrival rate was not recorded by the run but replayed from its seed (``reanalysis.replayed_arrivals``)"))
     load_average: float = Field(description="the 1-minute load average, the larger of before and after the point")
     measured: Measured
     predicted: Predicted
     predicted_capacity_rps: float
     engines: tuple[EngineStats, ...] = Field(default=(), description="per instance (1P1D: prefill, then decode)")
+
+    @property
+    def predicted_at_rps(self) -> float:
+        """The rate pdplan's figures for this point are for: the arrivals' own, else the offered one."""
+        return self.rate_rps if self.arrival_rate_rps is None else self.arrival_rate_rps
 
 
 class ServingReport(_Record):
@@ -179,6 +191,8 @@ class ServingReport(_Record):
     isl: int
     osl: int
     requests_per_point: int
+    seed: int | None = Field(default=None, description="the run's seed (model weights, prompts, arrivals); None in "
+                             "reports before 2026-12-05, which ran with the default, 0")
     calibration: Calibration = Field(description="the last co-located instance's (1P1D uses it)")
     calibrations: tuple[Calibration, ...] = Field(default=(), description="every co-located instance's, in order")
     points: tuple[LoadPoint, ...]

