@@ -527,7 +527,7 @@ def queue_wait(rate, service: PrefillService, servers, p, batched=False,
 
 
 def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=None,
-              ca2: float = 1.0, slots: SlotQueue | None = None) -> tuple[np.ndarray, np.ndarray]:
+              ca2: float = 1.0, slots: SlotQueue | None = None, bulk=None) -> tuple[np.ndarray, np.ndarray]:
     """(mean, p-quantile) of a prompt's wait for its own step on an instance that also decodes; with
     ``slots``, the p-quantile of its whole wait, for its step or for a batch slot (``with_slot_wait``).
 
@@ -540,7 +540,10 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
     while they waited, which stretches a waiting prompt's time by (1 + rho) on average. ``busy_s``:
     how long one prompt keeps the queue busy when that exceeds its work (chunked: a prompt's last,
     part-filled step), which sets P_w = lambda busy_s. ``ca2``: the arrivals' squared cv (Kingman's
-    G/G/1 mean wait; 1 for Poisson).
+    G/G/1 mean wait; 1 for Poisson). ``bulk``: (where, P_w, mean and squared cv of a positive wait, tau) that
+    replace M/G/1's where given: bulk service of whole prompts (``hybrid_bulk_wait``); there an arrival that
+    finds a decode step also shares its own step with the J ~ Poisson(lambda t_d) prompts that arrive during
+    that step, each adding tau (``bulk_idle_tail``). With ``bulk`` only its cells' quantiles are computed.
     """
     rate = np.asarray(rate, dtype=float)
     args = {"lambda": rate, "E_S": service.mean_s, "c_s2": service.cs2, "c_srv": 1, "c_a2": ca2}
@@ -564,19 +567,70 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
         cv2 = np.where(np.asarray(busy_s) > service.mean_s * (1 + 1e-9), 1.0, cv2)
         pw = np.clip(rate * busy_s, pw, 1.0)
     t_d = np.maximum(np.asarray(step_s, dtype=float), 1e-12)
+    join_tau = join_mean = None
+    if bulk is not None:
+        where, pw_b, theta_b, cv2_b, tau_b = bulk
+        pw, theta, cv2 = np.where(where, pw_b, pw), np.where(where, theta_b, theta), np.where(where, cv2_b, cv2)
+        join_tau, join_mean = np.where(where, tau_b, 0.0), np.where(where, rate * t_d, 0.0)
+        wq = np.where(where, pw_b * theta_b + (1 - pw_b) * tau_b * join_mean, wq)
     mean = (1 - pw) * t_d / 2 + wq
-    if slots is None or not np.any(slots.matters(p)):
+    matters = slots is not None and np.any(slots.matters(p))
+    if join_tau is None and not matters:
         return np.where(ok, mean, np.inf), np.where(ok, mixture_quantile(pw, theta, t_d, p, cv2), np.inf)
     k, inv_gamma = weibull_shape(cv2)
     scale = np.maximum(theta, 1e-12) * inv_gamma
 
     def tail(x):
-        return (1 - pw) * np.maximum(0.0, 1 - x / t_d) + pw * np.exp(-((x / scale) ** k))
+        idle = (np.maximum(0.0, 1 - x / t_d) if join_tau is None
+                else bulk_idle_tail(x, t_d, join_tau, join_mean))
+        return (1 - pw) * idle + pw * np.exp(-((x / scale) ** k))
 
-    # beyond one decode step only the Weibull is left: where it alone leaves (1 - p) / 2, the tail does
-    far = np.maximum(t_d, scale * np.log(np.maximum(2 * pw / (1 - p), 1.0)) ** (1 / k))
-    q = with_slot_wait(p, tail, far, mixture_quantile(pw, theta, t_d, p, cv2), slots)
+    # beyond one decode step (and its joiners) only the Weibull is left: where it alone leaves (1 - p) / 2,
+    # the tail does
+    reach = t_d if join_tau is None else t_d + JOINERS * join_tau
+    far = np.maximum(reach, scale * np.log(np.maximum(2 * pw / (1 - p), 1.0)) ** (1 / k))
+    if join_tau is None:
+        alone = mixture_quantile(pw, theta, t_d, p, cv2)
+    else:  # the bulk cells' own quantile, by bisection on those cells alone (the others are not asked for)
+        cells = np.broadcast_to(bulk[0], np.broadcast(pw, theta, t_d, far).shape)  # type: ignore[index]
+        alone = np.zeros(cells.shape)
+        pw_c, t_c, tau_c, mu_c, sc_c, k_c, far_c = (np.broadcast_to(a, cells.shape)[cells] for a in (
+            pw, t_d, join_tau, join_mean, scale, k, far))
+        weights, shifts = joiner_weights(tau_c, mu_c)  # fixed over the bisection
+
+        def cell_tail(x):
+            idle = (weights * np.clip(1 - (x - shifts) / t_c, 0.0, 1.0)).sum(axis=0)
+            return (1 - pw_c) * idle + pw_c * np.exp(-((x / sc_c) ** k_c)) - (1 - p)
+
+        alone[cells] = decreasing_root(cell_tail, np.zeros_like(far_c), far_c)
+    q = with_slot_wait(p, tail, far, alone, slots) if matters else alone  # type: ignore[arg-type]
     return np.where(ok, mean, np.inf), np.where(ok, q, np.inf)
+
+
+JOINERS = 4
+"""Prompts arriving during one decode step that ``bulk_idle_tail`` weighs one by one (the rest lumped at 4)."""
+
+
+def joiner_weights(tau, mean_joiners) -> tuple[np.ndarray, np.ndarray]:
+    """(P(J = j), tau j) for j = 0 ... ``JOINERS`` (first axis; the rest of J's mass lumped at the last),
+    J ~ Poisson(``mean_joiners``): the prompts that share a step with one that found a decode step."""
+    tau, mu = np.broadcast_arrays(np.asarray(tau, dtype=float), np.asarray(mean_joiners, dtype=float))
+    j = np.arange(JOINERS + 1.0).reshape(-1, *([1] * mu.ndim))
+    log_fact = np.cumsum(np.log(np.maximum(j, 1.0)), axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):  # mu = 0: no joiners (set below)
+        pmf = np.exp(j * np.log(mu) - mu - log_fact)
+    pmf = np.where(mu > 0, pmf, (j == 0).astype(float))
+    pmf[-1] = np.maximum(1 - pmf[:-1].sum(axis=0), 0.0)
+    return pmf, tau * j
+
+
+def bulk_idle_tail(x, t_d, tau, mean_joiners) -> np.ndarray:
+    """P(U t_d + tau J > x): a prompt that arrives during a decode step waits its rest U t_d, and its own step
+    carries the J ~ Poisson(``mean_joiners``) prompts that arrived during that decode step, each adding
+    ``tau`` (J up to ``JOINERS``, the rest lumped there: ``joiner_weights``)."""
+    x, t_d, tau, mu = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (x, t_d, tau, mean_joiners)))
+    weights, shifts = joiner_weights(tau, mu)
+    return (weights * np.clip(1 - (x - shifts) / t_d, 0.0, 1.0)).sum(axis=0)
 
 
 def with_slot_wait(p: float, tail, far_s, alone_s, slots: SlotQueue, before_mean_s=None) -> np.ndarray:

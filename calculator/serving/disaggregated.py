@@ -263,18 +263,26 @@ def step_chain(pre: PoolModel, w: Workload, lam, budget_tokens: int) -> tuple[np
     neighbours. Arrivals are weighed count by count up to ``ARRIVAL_COUNTS``; a step expecting more
     takes them as a normal (its negative binomial's shape is then large)."""
     most, t1, tau = _step_line(pre, w, budget_tokens)
-    t0 = t1 - tau
+    return chain_moments(lam, t1 - tau, tau, most, w.isl.cv**2)
+
+
+def chain_moments(lam, t0, tau, most: float, cv2: float, with_states: bool = False) -> tuple[np.ndarray, ...]:
+    """``step_chain`` for steps T(b) = ``t0`` + ``tau`` b of at most ``most`` prompts, prompt lengths of squared cv
+    ``cv2``; ``t0`` and ``tau`` may vary with ``lam`` (arrays that broadcast to it: an instance whose steps also
+    carry its running decodes, ``hybrid_bulk_wait``)."""
     lam = np.asarray(lam, dtype=float)
     flat = lam.reshape(-1)
+    t0 = np.broadcast_to(np.asarray(t0, dtype=float), lam.shape).reshape(-1)[:, None]
+    tau = np.broadcast_to(np.asarray(tau, dtype=float), lam.shape).reshape(-1)[:, None]
     full = int(most)
     top = full + min(full, CHAIN_STATES)  # prompts waiting at a step's start, the budget's worth and more
     states = (np.arange(1.0, top + 1) if top <= CHAIN_STATES
               else np.unique(np.round(np.geomspace(1, top, CHAIN_STATES))))
     batch = np.minimum(states, full)
     k = states.size
-    cv2 = w.isl.cv**2
     counts = min(top, ARRIVAL_COUNTS)
-    mu = flat[:, None] * (t0 + tau * batch)[None, :]  # (rate, state): mean arrivals during a step of b prompts
+    m1 = t0 + tau * batch[None, :]  # (rate, state): the step of b prompts
+    mu = flat[:, None] * m1  # mean arrivals during it
     mix = (flat[:, None] * tau) ** 2 * batch[None, :] * cv2  # their variance from the lengths
     sd = np.sqrt(mu + mix)
     reach = mu + 8 * sd + 1  # arrivals beyond are negligible
@@ -299,11 +307,47 @@ def step_chain(pre: PoolModel, w: Workload, lam, budget_tokens: int) -> tuple[np
     rhs[:, -1, 0] = 1.0
     pi = np.clip(np.linalg.solve(a, rhs)[..., 0], 0.0, None)
     pi /= pi.sum(axis=-1, keepdims=True)
-    m1 = t0 + tau * batch
     v = tau**2 * batch * cv2
     skew = tau**3 * batch * 2 * cv2**2  # third central moment of the lengths' sum, gamma-like
-    moments = (pi @ batch, pi @ m1, pi @ (m1**2 + v), pi @ (m1**3 + 3 * m1 * v + skew))
+    moments = (pi @ batch, (pi * m1).sum(-1), (pi * (m1**2 + v)).sum(-1), (pi * (m1**3 + 3 * m1 * v + skew)).sum(-1))
+    if with_states:  # and the stationary distribution over the step's batch (cells x states), the batches
+        return (*(x.reshape(lam.shape) for x in moments), pi, batch)
     return tuple(x.reshape(lam.shape) for x in moments)
+
+
+def hybrid_bulk_wait(lam, t0, tau, most, w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A whole prompt's wait for its step on an instance whose steps carry its running decodes and every prompt
+    that arrived during the step before, up to ``most`` a step: (P_w, the mean and squared cv of the wait given
+    it is positive), per cell of the arrays ``lam``, ``t0`` and ``tau`` (a step of k prompts lasts t0 + tau k,
+    the running decodes included) and ``most``.
+
+    The prompt steps are ``_bulk_wait``'s bulk service (``chain_moments``): an arrival finds one running with
+    probability P_w = lambda E[T] / E[b] (else a decode step, whose rest it waits out) and then waits
+    U t + tau S (``bulk_wait_mean``, ``bulk_wait_variance``): the rest of that step, and the prompts that
+    arrived during it and share its own step. Where a step holds six prompts or more this replaces M/G/1's
+    wait stretched by 1 + rho (blended in from three: ``chunked._prompt_wait``), which had the p90 TTFT 34% and
+    284% long against the simulation where eight 1,000-token prompts share a step (Llama-3.1-8B on one H100 at
+    20 and 27 req/s; now -3% and +1%)."""
+    lam, t0, tau, most = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (lam, t0, tau, most)))
+    x, t_d = tau, t0
+    pw, mean, cv2 = np.zeros(lam.shape), np.zeros(lam.shape), np.ones(lam.shape)
+    ok = np.isfinite(t_d) & np.isfinite(x) & (lam > 0) & (x > 0)
+    cv2_l, ca2 = w.isl.cv**2, w.arrival_cv**2
+    for n in np.unique(np.maximum(most[ok], 1.0)):
+        cell = ok & (np.maximum(most, 1.0) == n)
+        lc, tc, xc = lam[cell], t_d[cell], x[cell]
+        e_b, e_t, e_t2, e_t3 = chain_moments(lc, tc, xc, float(n), cv2_l)
+        e1, e2 = e_t2 / e_t, e_t3 / e_t
+        busy = np.minimum(lc * e_t / e_b, 1 - 1e-9)
+        m = np.minimum(lc * xc, 0.99)
+        if ca2 > 0 and abs(ca2 - 1.0) > 1e-12:  # as ``_bulk_wait``: bursty arrivals find it busy more often
+            busy = np.minimum(gamma_arrival_wait_probability(busy, ca2), 1 - 1e-9)
+            m = m * (ca2 + 1) / 2
+        wm = np.asarray(f.bulk_wait_mean(e_1=e1, m=m, c_srv=1.0), dtype=float)
+        wv = np.maximum(np.asarray(f.bulk_wait_variance(e_1=e1, e_2=e2, m=m, tau_p=xc, cv2_isl=cv2_l, c_srv=1.0),
+                                   dtype=float), 1e-30)
+        pw[cell], mean[cell], cv2[cell] = busy, wm, wv / np.maximum(wm, 1e-30) ** 2
+    return pw, mean, cv2
 
 
 def _bulk_wait(pre: PoolModel, w: Workload, lam, c, budget_tokens: int, levels, busy
