@@ -125,8 +125,12 @@ def test_cuda_graphs_are_off_on_a_cpu():
 
 # ------------------------------------------------------------------------------------------- the fit of graph runs
 def _bench_design():
+    """Two models of different depth (146 and 218 kernels a step): with one depth every row has the same
+    kernel count, the per-kernel latency and the step overhead trade off exactly, and the graph share is not
+    identified (a tie that floating-point rounding broke either way, by the numpy version)."""
     spec = device_spec(_record("h200-graphs").ceilings)
-    rows = [design(BENCH_MODELS["bench-llama-1b"], spec, phase, np.array(tokens), np.array(batch), "bf16")
+    rows = [design(BENCH_MODELS[m], spec, phase, np.array(tokens), np.array(batch), "bf16")
+            for m in ("bench-llama-1b", "bench-llama-3b")
             for phase, tokens, batch in (("prefill", [128, 512, 2048, 128], [1, 1, 1, 4]),
                                          ("decode", [512, 512, 2048, 2048, 512], [1, 64, 1, 16, 16]))]
     from calculator.microbench.fit import Design
@@ -171,7 +175,12 @@ def test_the_h200_records_reanalyse_to_their_committed_fits():
         r = _record(name)
         assert r.ceilings.device == "cuda" and r.ceilings.device_name == "NVIDIA H200"
         again = reanalyse(r)
-        assert again.efficiency == r.efficiency and again.reference == r.reference
+        # to rounding: the fit's sums differ in the last bit between numpy versions
+        fitted, committed = again.efficiency.model_dump(), r.efficiency.model_dump()
+        assert fitted.keys() == committed.keys()
+        for k, v in committed.items():
+            assert fitted[k] == (pytest.approx(v, rel=1e-9) if isinstance(v, float) else v), (name, k)
+        assert again.reference == r.reference
         assert all(k.exact for k in r.kv_checks) and all(p.exact for p in r.param_checks)
 
 
