@@ -317,8 +317,9 @@ def _prompt_wait(lam, service, t_d, p: float, batched, busy, w: Workload, slots,
     cells = bulk[0]
     bulk_q = step_wait(lam, service, t_d, p, batched, busy, ca2=ca2, slots=slots, bulk=bulk)
     share = np.clip((np.floor(per_step) - 2) / 4, 0.0, 1.0)
-    with np.errstate(invalid="ignore"):  # inf stays inf
-        return tuple(np.where(cells, share * b + (1 - share) * a, a) for a, b in zip(fifo_q, bulk_q))  # type: ignore[return-value]
+    with np.errstate(invalid="ignore"):  # inf stays inf (not 0 * inf)
+        return tuple(np.where(cells, np.where(np.isinf(a) | np.isinf(b), np.inf, share * b + (1 - share) * a), a)
+                     for a, b in zip(fifo_q, bulk_q))  # type: ignore[return-value]
 
 
 def full_batch_tpot(t_d, slope, batch, limit, x_mean, osl_mean: float) -> np.ndarray:

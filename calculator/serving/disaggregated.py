@@ -266,7 +266,7 @@ def step_chain(pre: PoolModel, w: Workload, lam, budget_tokens: int) -> tuple[np
     return chain_moments(lam, t1 - tau, tau, most, w.isl.cv**2)
 
 
-def chain_moments(lam, t0, tau, most: float, cv2: float, with_states: bool = False) -> tuple[np.ndarray, ...]:
+def chain_moments(lam, t0, tau, most: float, cv2: float) -> tuple[np.ndarray, ...]:
     """``step_chain`` for steps T(b) = ``t0`` + ``tau`` b of at most ``most`` prompts, prompt lengths of squared cv
     ``cv2``; ``t0`` and ``tau`` may vary with ``lam`` (arrays that broadcast to it: an instance whose steps also
     carry its running decodes, ``hybrid_bulk_wait``)."""
@@ -310,8 +310,6 @@ def chain_moments(lam, t0, tau, most: float, cv2: float, with_states: bool = Fal
     v = tau**2 * batch * cv2
     skew = tau**3 * batch * 2 * cv2**2  # third central moment of the lengths' sum, gamma-like
     moments = (pi @ batch, (pi * m1).sum(-1), (pi * (m1**2 + v)).sum(-1), (pi * (m1**3 + 3 * m1 * v + skew)).sum(-1))
-    if with_states:  # and the stationary distribution over the step's batch (cells x states), the batches
-        return (*(x.reshape(lam.shape) for x in moments), pi, batch)
     return tuple(x.reshape(lam.shape) for x in moments)
 
 
