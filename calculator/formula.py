@@ -17,9 +17,6 @@ if TYPE_CHECKING:
     import sympy as sp
 
 
-_EMPTY: Mapping[str, Any] = {}
-
-
 @dataclass(frozen=True)
 class Formula:
     """A named closed-form expression: its numpy function, unit, doc and LaTeX.
@@ -42,9 +39,13 @@ class Formula:
     """(latex, meaning, unit) of every symbol, by argument name."""
 
     def __call__(self, values: Mapping[str, Any] | None = None, /, **kwargs: Any) -> Any:
-        given = values if values is not None else _EMPTY
         try:
-            ordered = [kwargs[a] if a in kwargs else given[a] for a in self.args]
+            if values is None:
+                ordered = [kwargs[a] for a in self.args]
+            elif not kwargs:
+                ordered = [values[a] for a in self.args]
+            else:
+                ordered = [kwargs[a] if a in kwargs else values[a] for a in self.args]
         except KeyError as missing:
             raise TypeError(f"formula {self.name!r} needs {missing.args[0]!r}") from None
         with np.errstate(divide="ignore", invalid="ignore"):

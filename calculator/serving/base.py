@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 from typing import Any, Literal
@@ -425,6 +426,51 @@ def first_root(grid: np.ndarray, g: np.ndarray) -> np.ndarray:
         inside = b_lo + (b_hi - b_lo) * (-g_lo) / np.where(g_hi > g_lo, g_hi - g_lo, 1.0)
     below = grid[0] - g[..., 0]
     return np.where(found, np.where(i == 0, below, inside), np.inf)
+
+
+COARSE_ROOT_STRIDE = 4
+"""Grid columns between the points of the coarse pass of ``coarse_first_root`` (~20% apart in the batch
+for a limit of a few hundred sequences)."""
+
+
+def coarse_first_root(grid: np.ndarray, excess: Callable[[np.ndarray], np.ndarray], upper=np.inf) -> np.ndarray:
+    """``first_root`` of g(B) = B - F(B) without evaluating g at every grid point: g at every
+    ``COARSE_ROOT_STRIDE``-th column (and the last), then, where it turns >= 0, at every column of
+    the coarse interval that brackets the crossing. ``excess(cols)`` returns g at grid columns: cols of
+    shape (W,) give (..., W); cols of shape (..., W) give (..., W).
+
+    The same root as ``first_root`` on the whole grid unless g crosses zero and back between two coarse
+    points before its first coarse crossing: a pair of roots within ~20% of each other in the batch,
+    i.e. a load within a hair of the point where the least root vanishes and the batch runs away (the
+    whole-grid search would call it stable, this one unstable). A plan's rate grid asks at ~40 rates x
+    7 budgets x 128 columns; this evaluates ~40 columns a cell. ``upper`` (broadcast to the result): the
+    batch beyond which a root does not count (a batch limit), where no coarse point crosses.
+    """
+    coarse = np.unique(np.r_[np.arange(0, grid.size, COARSE_ROOT_STRIDE), grid.size - 1])
+    g_c = excess(coarse)
+    g_c = np.where(np.isnan(g_c), -np.inf, g_c)
+    cross = g_c >= 0
+    coarse_found = cross.any(axis=-1)
+    # the fine window: the coarse interval that brackets the first crossing, or where none does, the two
+    # around g's largest coarse value up to ``upper`` (a pair of roots between two coarse points straddles
+    # g's peak; past a batch limit F is flat and g rises again, but a root there is unstable anyway)
+    peak = np.argmax(np.where(grid[coarse] <= np.asarray(upper)[..., None], g_c, -np.inf), axis=-1)
+    j = np.where(coarse_found, np.argmax(cross, axis=-1), peak)
+    below = grid[0] - g_c[..., 0]  # g >= 0 at the first point: the root lies below it, where F is flat
+    start = coarse[np.maximum(j - 1, 0)]
+    cols = np.minimum(start[..., None] + np.arange(2 * COARSE_ROOT_STRIDE + 1), grid.size - 1)
+    g = excess(cols)
+    g = np.where(np.isnan(g), -np.inf, g)
+    found = coarse_found | (g >= 0).any(axis=-1)
+    i = np.argmax(g >= 0, axis=-1)
+    lo = np.maximum(i - 1, 0)
+    g_lo = np.take_along_axis(g, lo[..., None], -1)[..., 0]
+    g_hi = np.take_along_axis(g, i[..., None], -1)[..., 0]
+    b_lo = grid[np.take_along_axis(cols, lo[..., None], -1)[..., 0]]
+    b_hi = grid[np.take_along_axis(cols, i[..., None], -1)[..., 0]]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        inside = b_lo + (b_hi - b_lo) * (-g_lo) / np.where(g_hi > g_lo, g_hi - g_lo, 1.0)
+    return np.where(found, np.where(coarse_found & (j == 0), below, inside), np.inf)
 
 
 def least_fixed_point(grid: np.ndarray, table: np.ndarray, k: np.ndarray) -> np.ndarray:

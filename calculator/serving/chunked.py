@@ -32,7 +32,7 @@ from .base import (
     PrefillService,
     SlotQueue,
     batch_grid,
-    first_root,
+    coarse_first_root,
     gap_amplification,
     interp_rows,
     mixture_quantile,
@@ -88,15 +88,24 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     # TPOT(B) on the grid (``busy_tpot``), then the least root of B = lambda osl TPOT(B)
     lam3 = lam[..., None]
     cv2 = w.isl.cv**2
-    t_d_g, s_g, k_g = (tab[k][:, None, :] for k in ("decode_only", "prefill_0", "iters_0"))
-    room_g = np.maximum(pieces[:, None, None] - grid[None, None, :], 1.0)
-    work_g, t_b_g = _busy_steps(whole[:, None, None], isl_new, room_g, s_g, tab["full"][:, None, :])
-    seen_g = seen(grid, tab["decode_only"])[:, None, :]  # the step a decoding request sees: t_d(B + 1)
     ca2 = w.arrival_cv**2
-    tpot_grid = busy_tpot(lam3, grid[None, None, :], seen_g, lam3 * (s_g - k_g * t_d_g), work_g, t_b_g, cv2, ca2)
-    one_step_g = whole[:, None, None] | (2 * isl_new <= room_g)  # a prompt runs in one step
-    tpot_grid = tpot_grid + _bulk_start(one_step_g, lam3, s_g - k_g * t_d_g, s_g, tpot_grid, w, variance=False)[0]
-    batch = first_root(grid, grid[None, None, :] - lam3 * w.osl.mean * tpot_grid)
+    seen_table = seen(grid, tab["decode_only"])  # the step a decoding request sees: t_d(B + 1)
+    row_ix = np.arange(chunks.size)[:, None, None]
+
+    def excess(cols: np.ndarray) -> np.ndarray:
+        """g(B) = B - lambda osl TPOT(B) at the grid columns ``cols`` ((W,) or budgets x rates x W)."""
+        b = grid[cols]
+        t_d_g, s_g, k_g, full_g, seen_g = (t[row_ix, cols] for t in (
+            tab["decode_only"], tab["prefill_0"], tab["iters_0"], tab["full"], seen_table))
+        room_g = np.maximum(pieces[:, None, None] - b, 1.0)
+        work_g, t_b_g = _busy_steps(whole[:, None, None], isl_new, room_g, s_g, full_g)
+        x_g = s_g - k_g * t_d_g
+        tpot_g = busy_tpot(lam3, b, seen_g, lam3 * x_g, work_g, t_b_g, cv2, ca2)
+        one_step_g = whole[:, None, None] | (2 * isl_new <= room_g)  # a prompt runs in one step
+        tpot_g = tpot_g + _bulk_start(one_step_g, lam3, x_g, s_g, tpot_g, w, variance=False)[0]
+        return b - lam3 * w.osl.mean * tpot_g
+
+    batch = coarse_first_root(grid, excess, upper=limit)
     b_cap = np.minimum(batch, limit)
 
     at = GridLookup(grid, b_cap)
