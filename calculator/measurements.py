@@ -27,7 +27,11 @@ _GPUS = (("GB200", "gb200"), ("B200", "b200"), ("H200", "h200-sxm"), ("H100", "h
 DEP_RANK_MAX_BATCH = {"h200-sxm": 128, "b200": 384, "gb200": 384}
 """Sequences per attention-DP rank in TensorRT-LLM's DeepSeek-R1 max-throughput recipes (trtllm-bench
 ``--max_batch_size`` with ``enable_attention_dp``: 128 on H200, 384 on B200; GB200 taken as B200):
-NVIDIA/TensorRT-LLM docs/source/blogs/Best_perf_practice_on_DeepSeek-R1_in_TensorRT-LLM.md."""
+NVIDIA/TensorRT-LLM docs/source/blogs/Best_perf_practice_on_DeepSeek-R1_in_TensorRT-LLM.md. The perf-overview
+rows these predict (docs/source/developer-guide/perf-overview.md@03e27c7d) set no batch: trtllm-bench chose it
+(its ``calc_engine_setting`` from the KV memory), with ``attention_dp_config.enable_balance`` (context requests
+batched across the ranks, so the ranks prefill in the same steps, as ``offline_throughput`` takes them). The
+recipes' caps stand in for that choice."""
 
 _METRICS = {"max_output_throughput_total", "max_output_throughput_per_gpu", "output_throughput_per_gpu",
             "first_token_latency"}
