@@ -1,5 +1,7 @@
 """Serving model v2: one regression test per defect of issue 10, with its figures (direction and size)."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -453,6 +455,27 @@ def test_bulk_idle_tail_by_hand():
     assert bulk_idle_tail(np.array([0.5, 1.5]), 1.0, 2.0, np.log(2)) == pytest.approx([0.75, 0.5], rel=1e-12)
     assert bulk_idle_tail(np.array([0.25, 0.5]), 1.0, 2.0, 0.0) == pytest.approx([0.75, 0.5], rel=1e-12)
     assert bulk_idle_tail(np.array([3.0]), 1.0, 2.0, 50.0) == pytest.approx([1.0])  # the lump beyond 4 joiners
+
+
+def test_a_step_takes_as_many_joiners_as_it_holds():
+    """A budget of three whole prompts a step takes two beside the one that found a decode step: J = min(J, 2).
+    With t_d = 1, tau = 2 and mu = 50 (all but certainly 3+ arrivals), the wait is U + 2 x 2: past x = 4.5
+    half the time, never past 5; with the JOINERS lump it would be U + 8."""
+    from calculator.serving.base import JOINERS, bulk_idle_tail, joiner_weights
+
+    assert bulk_idle_tail(np.array([4.5, 5.0]), 1.0, 2.0, 50.0, most=2) == pytest.approx([0.5, 0.0], abs=1e-12)
+    assert bulk_idle_tail(np.array([8.5]), 1.0, 2.0, 50.0) == pytest.approx([0.5], abs=1e-12)
+    mu, most = np.array([0.3, 1.0, 2.5, 2.5]), np.array([1, 2, 3, 9])
+    weights, shifts = joiner_weights(np.ones(4), mu, most)
+    assert weights.sum(axis=0) == pytest.approx(np.ones(4), rel=1e-12)
+    for c in range(4):
+        cap = min(most[c], JOINERS)
+        assert np.all(weights[cap + 1:, c] == 0)
+        # below the cap the Poisson's own mass; E[min(J, cap)] by the survival sum
+        pmf = np.array([np.exp(-mu[c]) * mu[c] ** k / math.factorial(k) for k in range(cap)])
+        assert weights[:cap, c] == pytest.approx(pmf, rel=1e-12)
+        survival = sum(1 - pmf[:k + 1].sum() for k in range(cap))
+        assert (weights[:, c] * shifts[:, c]).sum() == pytest.approx(survival, rel=1e-12)
 
 
 def test_chain_moments_take_a_step_line_per_rate():

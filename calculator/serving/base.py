@@ -586,10 +586,11 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
     while they waited, which stretches a waiting prompt's time by (1 + rho) on average. ``busy_s``:
     how long one prompt keeps the queue busy when that exceeds its work (chunked: a prompt's last,
     part-filled step), which sets P_w = lambda busy_s. ``ca2``: the arrivals' squared cv (Kingman's
-    G/G/1 mean wait; 1 for Poisson). ``bulk``: (where, P_w, mean and squared cv of a positive wait, tau) that
-    replace M/G/1's where given: bulk service of whole prompts (``hybrid_bulk_wait``); there an arrival that
-    finds a decode step also shares its own step with the J ~ Poisson(lambda t_d) prompts that arrive during
-    that step, each adding tau (``bulk_idle_tail``). With ``bulk`` only its cells' quantiles are computed.
+    G/G/1 mean wait; 1 for Poisson). ``bulk``: (where, P_w, mean and squared cv of a positive wait, tau, prompts
+    a step holds) that replace M/G/1's where given: bulk service of whole prompts (``hybrid_bulk_wait``); there
+    an arrival that finds a decode step also shares its own step with the J ~ Poisson(lambda t_d) prompts that
+    arrive during that step (as many as the step holds beside it), each adding tau (``bulk_idle_tail``). With
+    ``bulk`` only its cells' quantiles are computed.
     """
     rate = np.asarray(rate, dtype=float)
     args = {"lambda": rate, "E_S": service.mean_s, "c_s2": service.cs2, "c_srv": 1, "c_a2": ca2}
@@ -613,12 +614,16 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
         cv2 = np.where(np.asarray(busy_s) > service.mean_s * (1 + 1e-9), 1.0, cv2)
         pw = np.clip(rate * busy_s, pw, 1.0)
     t_d = np.maximum(np.asarray(step_s, dtype=float), 1e-12)
-    join_tau = join_mean = None
+    join_tau = join_mean = join_most = None
     if bulk is not None:
-        where, pw_b, theta_b, cv2_b, tau_b = bulk
+        where, pw_b, theta_b, cv2_b, tau_b, per_step_b = bulk
         pw, theta, cv2 = np.where(where, pw_b, pw), np.where(where, theta_b, theta), np.where(where, cv2_b, cv2)
         join_tau, join_mean = np.where(where, tau_b, 0.0), np.where(where, rate * t_d, 0.0)
-        wq = np.where(where, pw_b * theta_b + (1 - pw_b) * tau_b * join_mean, wq)
+        join_most = np.maximum(np.asarray(per_step_b, dtype=float) - 1, 0.0)
+        # the joiners' mean delay: tau E[min(J, n - 1)] where the step holds n < JOINERS + 1 prompts, else tau E[J]
+        weights, shifts = joiner_weights(join_tau, join_mean, join_most)
+        joined = np.where(join_most < JOINERS, (weights * shifts).sum(axis=0), join_tau * join_mean)
+        wq = np.where(where, pw_b * theta_b + (1 - pw_b) * joined, wq)
     mean = (1 - pw) * t_d / 2 + wq
     matters = slots is not None and np.any(slots.matters(p))
     if join_tau is None and not matters:
@@ -628,7 +633,7 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
 
     def tail(x):
         idle = (np.maximum(0.0, 1 - x / t_d) if join_tau is None
-                else bulk_idle_tail(x, t_d, join_tau, join_mean))
+                else bulk_idle_tail(x, t_d, join_tau, join_mean, join_most))
         return (1 - pw) * idle + pw * np.exp(-((x / scale) ** k))
 
     # beyond one decode step (and its joiners) only the Weibull is left: where it alone leaves (1 - p) / 2,
@@ -640,9 +645,9 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
     else:  # the bulk cells' own quantile, by bisection on those cells alone (the others are not asked for)
         cells = np.broadcast_to(bulk[0], np.broadcast(pw, theta, t_d, far).shape)  # type: ignore[index]
         alone = np.zeros(cells.shape)
-        pw_c, t_c, tau_c, mu_c, sc_c, k_c, far_c = (np.broadcast_to(a, cells.shape)[cells] for a in (
-            pw, t_d, join_tau, join_mean, scale, k, far))
-        weights, shifts = joiner_weights(tau_c, mu_c)  # fixed over the bisection
+        pw_c, t_c, tau_c, mu_c, most_c, sc_c, k_c, far_c = (np.broadcast_to(a, cells.shape)[cells] for a in (
+            pw, t_d, join_tau, join_mean, join_most, scale, k, far))
+        weights, shifts = joiner_weights(tau_c, mu_c, most_c)  # fixed over the bisection
 
         def cell_tail(x):
             idle = (weights * np.clip(1 - (x - shifts) / t_c, 0.0, 1.0)).sum(axis=0)
@@ -657,25 +662,30 @@ JOINERS = 4
 """Prompts arriving during one decode step that ``bulk_idle_tail`` weighs one by one (the rest lumped at 4)."""
 
 
-def joiner_weights(tau, mean_joiners) -> tuple[np.ndarray, np.ndarray]:
-    """(P(J = j), tau j) for j = 0 ... ``JOINERS`` (first axis; the rest of J's mass lumped at the last),
-    J ~ Poisson(``mean_joiners``): the prompts that share a step with one that found a decode step."""
-    tau, mu = np.broadcast_arrays(np.asarray(tau, dtype=float), np.asarray(mean_joiners, dtype=float))
+def joiner_weights(tau, mean_joiners, most=JOINERS) -> tuple[np.ndarray, np.ndarray]:
+    """(P(J = j), tau j) for j = 0 ... ``JOINERS`` (first axis), J = min(Poisson(``mean_joiners``), ``most``):
+    the prompts that share a step with one that found a decode step, at most ``most`` of them (a budget of n
+    whole prompts a step takes n - 1 beside it; the rest run in the next step) and at most ``JOINERS`` (the
+    rest of the mass lumped there)."""
+    tau, mu, most = np.broadcast_arrays(np.asarray(tau, dtype=float), np.asarray(mean_joiners, dtype=float),
+                                        np.clip(np.floor(np.asarray(most, dtype=float)), 0, JOINERS))
     j = np.arange(JOINERS + 1.0).reshape(-1, *([1] * mu.ndim))
     log_fact = np.cumsum(np.log(np.maximum(j, 1.0)), axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):  # mu = 0: no joiners (set below)
         pmf = np.exp(j * np.log(mu) - mu - log_fact)
     pmf = np.where(mu > 0, pmf, (j == 0).astype(float))
-    pmf[-1] = np.maximum(1 - pmf[:-1].sum(axis=0), 0.0)
+    below = np.where(j < most, pmf, 0.0)
+    pmf = np.where(j == most, np.maximum(1 - below.sum(axis=0), 0.0), below)
     return pmf, tau * j
 
 
-def bulk_idle_tail(x, t_d, tau, mean_joiners) -> np.ndarray:
+def bulk_idle_tail(x, t_d, tau, mean_joiners, most=JOINERS) -> np.ndarray:
     """P(U t_d + tau J > x): a prompt that arrives during a decode step waits its rest U t_d, and its own step
     carries the J ~ Poisson(``mean_joiners``) prompts that arrived during that decode step, each adding
-    ``tau`` (J up to ``JOINERS``, the rest lumped there: ``joiner_weights``)."""
-    x, t_d, tau, mu = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (x, t_d, tau, mean_joiners)))
-    weights, shifts = joiner_weights(tau, mu)
+    ``tau`` (J up to ``most`` and ``JOINERS``: ``joiner_weights``)."""
+    x, t_d, tau, mu, most = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (x, t_d, tau, mean_joiners,
+                                                                                        most)))
+    weights, shifts = joiner_weights(tau, mu, most)
     return (weights * np.clip(1 - (x - shifts) / t_d, 0.0, 1.0)).sum(axis=0)
 
 

@@ -246,7 +246,7 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
         tau = np.maximum(np.interp(np.where(bulk_cells, b_cap, 1.0), grid, two) - s_mean, 1e-12)
         pw_b, theta_b, cv2_b = hybrid_bulk_wait(np.where(bulk_cells, lam, 0.0), np.maximum(s_mean - tau, 0.0), tau,
                                                 per_step, w)
-        bulk = (bulk_cells, pw_b, theta_b, cv2_b, tau)
+        bulk = (bulk_cells, pw_b, theta_b, cv2_b, tau, per_step)
     # a prompt waits for its step or, where the slots are taken, for a slot (``with_slot_wait``)
     wq, wp = _prompt_wait(lam, service, t_d, p, batched, busy, w, slots, bulk, per_step)
     ttft_mean = (1 - slots.wait_probability) * wq + aq + own_mean
