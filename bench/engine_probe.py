@@ -191,12 +191,13 @@ def run_probe(a: argparse.Namespace, cfg, work: Path, ceilings, out: dict) -> No
     out["engine_counters"] = {k: metrics1[k] - metrics0.get(k, 0.0) for k in metrics1
                               if k.endswith(("_sum", "_count", "_total")) and "bucket" not in k}
     failed = sum(not r.ok for r in recs)
+    # the rate the requests arrived at counts every request sent, failed ones too (they loaded the engine)
+    arrived_rps = arrival_rate_rps(recs)
     recs = [r for r in recs if r.ok]
     s = steps_of(recs)
     prompt_step = s["prompts"] > 0
     decodes = s["tokens"] - s["prompts"]
-    predicted = np.where(prompt_step, np.asarray(pm.step_s(decodes, ISL + OSL / 2, ISL, 0.0, np.maximum(s["prompts"], 1))),
-                         np.asarray(pm.decode_s(np.maximum(decodes, 1), ISL + OSL / 2)))
+    predicted = step_predictions(pm, s["tokens"], s["prompts"])
     tpot = [(r.token_s[-1] - r.token_s[0]) / (len(r.token_s) - 1) for r in recs if len(r.token_s) > 1]
     ttft = [r.ttft_s for r in recs if r.token_s]
     out["measured"] = {"ttft_p50_ms": np.percentile(ttft, 50) * 1e3, "ttft_p90_ms": np.percentile(ttft, 90) * 1e3,
@@ -219,12 +220,21 @@ def run_probe(a: argparse.Namespace, cfg, work: Path, ceilings, out: dict) -> No
                              "predicted_ms": np.round(np.asarray(predicted) * 1e3, 3).tolist()}}
     # predicted at the rate the requests arrived at: 200 Poisson arrivals stray ~7% from the offered rate, and
     # near capacity that moves TPOT by tens of percent (the first record's arrived 15% fast)
-    out["arrival_rate_rps"] = arrival_rate_rps(recs) or a.rate
+    out["arrival_rate_rps"] = arrived_rps or a.rate
     out["ceilings"] = {"matmul_flops_per_s": ceilings.matmul_flops_per_s, "memory_bytes_per_s": ceilings.memory_bytes_per_s}
     add_predictions(out, cfg, device)
     a.out.write_text(json.dumps(out, indent=1, default=float))
     for key in ("measured", "closed_form", "simulation", "simulation_at_loaded_steps", "steps", "cpu_share"):
         print(key, json.dumps(out[key], default=float))
+
+
+def step_predictions(pm: PoolModel, tokens: np.ndarray, prompts: np.ndarray) -> np.ndarray:
+    """The model's time for each step read from the token stream, s: ``prompts`` whole prompts (first tokens)
+    beside the rest of its ``tokens`` as decodes, or a decode-only step."""
+    tokens, prompts = np.asarray(tokens, dtype=float), np.asarray(prompts, dtype=float)
+    decodes = tokens - prompts
+    return np.where(prompts > 0, np.asarray(pm.step_s(decodes, ISL + OSL / 2, ISL, 0.0, np.maximum(prompts, 1))),
+                    np.asarray(pm.decode_s(np.maximum(decodes, 1), ISL + OSL / 2)))
 
 
 class LoadedSteps:
@@ -267,8 +277,15 @@ def add_predictions(out: dict, cfg, device) -> None:  # type: ignore[no-untyped-
                                                                      ("tpot", sim.tpot_by_percentile_s))
                             for p in (50, 90) if p in v}}
     st = out["steps"]
-    loaded = LoadedSteps(PoolModel.build(ENGINE_MODEL, d.pool, w, device),
-                         st["prompt_steps_s"] / st["prompt_steps_predicted_s"],
+    pm = PoolModel.build(ENGINE_MODEL, d.pool, w, device)
+    each = st.get("each")
+    if each:  # the steps predicted again by this version's step model (a reanalysis), so the scales are its own
+        prompts = np.asarray(each["prompts"], dtype=float)
+        predicted = step_predictions(pm, each["tokens"], prompts)
+        st["prompt_steps_predicted_s"] = float(predicted[prompts > 0].sum())
+        st["decode_steps_predicted_s"] = float(predicted[prompts == 0].sum())
+        each["predicted_ms"] = np.round(predicted * 1e3, 3).tolist()
+    loaded = LoadedSteps(pm, st["prompt_steps_s"] / st["prompt_steps_predicted_s"],
                          st["decode_steps_s"] / st["decode_steps_predicted_s"])
     t = run_deployment(ENGINE_MODEL, d, w, [loaded], requests=4000, seed=1)  # type: ignore[list-item]
     out["simulation_at_loaded_steps"] = {"prompt_step_scale": loaded.prompt_scale,
