@@ -285,6 +285,8 @@ def add_predictions(out: dict, cfg, device) -> None:  # type: ignore[no-untyped-
         st["prompt_steps_predicted_s"] = float(predicted[prompts > 0].sum())
         st["decode_steps_predicted_s"] = float(predicted[prompts == 0].sum())
         each["predicted_ms"] = np.round(predicted * 1e3, 3).tolist()
+        for k, row in st.get("by_prompts", {}).items():
+            row["predicted_median_ms"] = float(np.median(predicted[prompts == int(k)])) * 1e3
     loaded = LoadedSteps(pm, st["prompt_steps_s"] / st["prompt_steps_predicted_s"],
                          st["decode_steps_s"] / st["decode_steps_predicted_s"])
     t = run_deployment(ENGINE_MODEL, d, w, [loaded], requests=4000, seed=1)  # type: ignore[list-item]

@@ -492,3 +492,20 @@ def test_chain_moments_take_a_step_line_per_rate():
             assert a[i] == pytest.approx(b[0], rel=1e-12)
     e_b, e_t, _, _ = chain_moments(np.array([0.01]), 0.005, 0.026, 8.0, 0.0)
     assert e_b[0] == pytest.approx(1.0, abs=1e-3) and e_t[0] == pytest.approx(0.031, rel=1e-3)
+
+
+def test_step_wait_takes_the_capped_joiners_in_its_mean():
+    """``step_wait`` with bulk cells: a prompt that finds a decode step (probability 1 - P_w) waits tau per
+    joiner, at most n - 1 of them where the step holds n = 3 prompts: mean = P_w theta + (1 - P_w)(t_d / 2 +
+    tau E[min(J, 2)]), J ~ Poisson(lambda t_d). Where it holds 9 the joiners are uncapped: tau lambda t_d."""
+    from calculator.serving.base import PrefillService, step_wait
+
+    lam, t_d, tau, pw, theta = 40.0, 0.05, 0.02, 0.3, 0.1
+    mu = lam * t_d  # 2 joiners expected
+    service = PrefillService(0.01, 0.0001, 0.01)
+    capped = 0 * math.exp(-mu) + 1 * mu * math.exp(-mu) + 2 * (1 - math.exp(-mu) * (1 + mu))
+    for per_step, joined in ((3.0, capped), (9.0, mu)):
+        bulk = (np.array([True]), np.array([pw]), np.array([theta]), np.array([1.0]), np.array([tau]),
+                np.array([per_step]))
+        mean, _ = step_wait(np.array([lam]), service, t_d, 0.9, np.array([False]), bulk=bulk)
+        assert mean[0] == pytest.approx(pw * theta + (1 - pw) * (t_d / 2 + tau * joined), rel=1e-12)

@@ -441,8 +441,9 @@ def coarse_first_root(grid: np.ndarray, excess: Callable[[np.ndarray], np.ndarra
 
     The same root as ``first_root`` on the whole grid unless g crosses zero and back between two coarse
     points before its first coarse crossing: a pair of roots within ~20% of each other in the batch,
-    i.e. a load within a hair of the point where the least root vanishes and the batch runs away (the
-    whole-grid search would call it stable, this one unstable). A plan's rate grid asks at ~40 rates x
+    i.e. a load within a hair of the point where the least root vanishes and the batch runs away. Then
+    this search returns the next root g reaches (one at or past the batch limit: unstable), or, where g
+    rises, falls and rises again below the limit, that later, larger root. A plan's rate grid asks at ~40 rates x
     7 budgets x 128 columns; this evaluates ~40 columns a cell. ``upper`` (broadcast to the result): the
     batch beyond which a root does not count (a batch limit), where no coarse point crosses.
     """

@@ -405,13 +405,16 @@ def _point_and_gamma_quantile(levels, p_busy, t1: float, k, theta) -> np.ndarray
     Hilferty's, ``gamma_quantile_wh``): below the gamma's mass under t1 the gamma's own quantile at
     level / P_b, then t1 while the point mass lasts, then the gamma's at (level - (1 - P_b)) / P_b. What the
     bisection of ``_bulk_wait`` finds for prompts of one length, without the 15 evaluations."""
-    busy = np.asarray(p_busy, dtype=float) > 0
+    p_busy = np.asarray(p_busy, dtype=float)
+    unknown = np.isnan(p_busy)  # stays NaN
+    busy = (p_busy > 0) & ~unknown
     pb = np.where(busy, p_busy, 1.0)
     under = np.where(busy, p_busy * _gamma_cdf_wh(np.full(np.shape(levels), t1), k, theta), 0.0)
     u = np.where(levels <= under, levels / pb, (levels - (1 - pb)) / pb)
     z = _NORMAL_QUANTILE(np.clip(u, 1e-12, 1 - 1e-12))
     x = np.asarray(f.gamma_quantile_wh(k_g=k, theta_g=theta, z=z), dtype=float)
-    return np.where(busy & (levels <= under), x, np.where(~busy | (levels <= under + 1 - pb), t1, x))
+    q = np.where(busy & (levels <= under), x, np.where(~busy | (levels <= under + 1 - pb), t1, x))
+    return np.where(unknown, np.nan, q)
 
 
 def prefill_time(pre: PoolModel, w: Workload, lam_total, servers, budget_tokens: int, levels
