@@ -414,18 +414,28 @@ def first_root(grid: np.ndarray, g: np.ndarray) -> np.ndarray:
     negative over the whole grid (the batch would outgrow it: unstable), and F(grid[0]) where g is
     already >= 0 at the first point (the root lies below it, where F is flat).
     """
+    g, found, i, inside = _first_crossing(grid, g)
+    below = grid[0] - g[..., 0]
+    return np.where(found, np.where(i == 0, below, inside), np.inf)
+
+
+def _first_crossing(b: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(g with NaN as -inf, whether g turns >= 0, the first column where it does, the batch there on the line
+    between that column and the one before) for g at the batches ``b`` (last axis; ``b`` broadcasts to g)."""
     g = np.where(np.isnan(g), -np.inf, g)
     cross = g >= 0
     found = cross.any(axis=-1)
     i = np.argmax(cross, axis=-1)
     lo = np.maximum(i - 1, 0)
-    g_lo = np.take_along_axis(g, lo[..., None], -1)[..., 0]
-    g_hi = np.take_along_axis(g, i[..., None], -1)[..., 0]
-    b_lo, b_hi = grid[lo], grid[i]
-    with np.errstate(invalid="ignore"):
+    b = np.broadcast_to(b, g.shape)
+
+    def at(a: np.ndarray, j: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(a, j[..., None], -1)[..., 0]
+
+    g_lo, g_hi, b_lo, b_hi = at(g, lo), at(g, i), at(b, lo), at(b, i)
+    with np.errstate(invalid="ignore", divide="ignore"):
         inside = b_lo + (b_hi - b_lo) * (-g_lo) / np.where(g_hi > g_lo, g_hi - g_lo, 1.0)
-    below = grid[0] - g[..., 0]
-    return np.where(found, np.where(i == 0, below, inside), np.inf)
+    return g, found, i, inside
 
 
 COARSE_ROOT_STRIDE = 4
@@ -460,18 +470,8 @@ def coarse_first_root(grid: np.ndarray, excess: Callable[[np.ndarray], np.ndarra
     below = grid[0] - g_c[..., 0]  # g >= 0 at the first point: the root lies below it, where F is flat
     start = coarse[np.maximum(j - 1, 0)]
     cols = np.minimum(start[..., None] + np.arange(2 * COARSE_ROOT_STRIDE + 1), grid.size - 1)
-    g = excess(cols)
-    g = np.where(np.isnan(g), -np.inf, g)
-    found = coarse_found | (g >= 0).any(axis=-1)
-    i = np.argmax(g >= 0, axis=-1)
-    lo = np.maximum(i - 1, 0)
-    g_lo = np.take_along_axis(g, lo[..., None], -1)[..., 0]
-    g_hi = np.take_along_axis(g, i[..., None], -1)[..., 0]
-    b_lo = grid[np.take_along_axis(cols, lo[..., None], -1)[..., 0]]
-    b_hi = grid[np.take_along_axis(cols, i[..., None], -1)[..., 0]]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        inside = b_lo + (b_hi - b_lo) * (-g_lo) / np.where(g_hi > g_lo, g_hi - g_lo, 1.0)
-    return np.where(found, np.where(coarse_found & (j == 0), below, inside), np.inf)
+    _, window_found, _, inside = _first_crossing(grid[cols], excess(cols))
+    return np.where(coarse_found | window_found, np.where(coarse_found & (j == 0), below, inside), np.inf)
 
 
 def least_fixed_point(grid: np.ndarray, table: np.ndarray, k: np.ndarray) -> np.ndarray:
