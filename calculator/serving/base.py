@@ -1022,12 +1022,18 @@ class SlotQueue:
     (c_a^2 + c_s^2) / 2 / (c / hold_full - lambda) (Allen-Cunneen's factor: less variable holds, and
     ``ca2`` for arrivals burstier than Poisson).
     A fractional c (the KV memory holds c sequences of the mean length) interpolates between its
-    two neighbouring integers.
+    two neighbouring integers. Where the full batch cannot keep up (lambda hold_full >= c) and the
+    mean batch comes within three Poisson spreads of the cap, every request waits (``full_load``).
     """
 
     mean_s: np.ndarray
     wait_probability: np.ndarray
     wait_given_wait_s: np.ndarray
+    full_load: np.ndarray | float = 0.0
+    """lambda hold_full / c: the slots' load at the full batch's hold, where the batch reaches its cap
+    (0 where it does not); at 1 or more the full batch cannot keep up and the queue for a slot grows
+    without bound (every request waits, for ever: ``mean_s`` inf, ``wait_probability`` 1), whatever the
+    mean batch says."""
 
     def matters(self, p: float) -> np.ndarray:
         """Whether enough requests wait for a slot (1% of the 1 - p beyond the p-quantile) that the
@@ -1049,16 +1055,24 @@ class SlotQueue:
         c = np.maximum(c, 1.0)
         full = np.maximum(full, hold)
         finite = np.isfinite(hold) & np.isfinite(full) & np.isfinite(batch)
-        stable = finite & (lam * full < c)
+        # the full batch is a state the instance reaches only where its mean batch comes within three
+        # Poisson spreads of the cap; a cap far above it is a bound, not a state (a full batch of hundreds,
+        # a prompt joining at every departure, can lag the arrivals without ever being reached)
+        reach = finite & (batch + 3 * np.sqrt(np.maximum(batch, 0.0)) >= c - 1)
+        stable = finite & ((lam * full < c) | ~reach)
         # only loads whose full-batch occupancy could reach the cap need the sum over states
         rho_full = np.where(finite, lam * full / c, 0.0)
         live = stable & (rho_full ** (np.sqrt(2 * (c + 1)) - 1) > 1e-7)
         pw = np.zeros_like(lam)
-        theta = np.where(stable, (ca2 + cs2) / 2 / np.maximum(c / np.where(finite, full, 1.0) - lam, 1e-300), np.inf)
+        live = live & (lam * full < c)
+        gap = np.where(lam * full < c, c / np.where(finite, full, 1.0) - lam, np.inf)  # unreached: no wait
+        theta = np.where(stable, (ca2 + cs2) / 2 / np.maximum(gap, 1e-300), np.inf)
         if live.any():
             pw[live] = _slot_wait_probability(lam[live], batch[live], c[live], hold[live], slope[live], full[live])
+        pw = np.where(finite & ~stable, 1.0, pw)
         wq = np.where(stable, pw * theta, np.inf)
-        return cls(wq.reshape(shape), pw.reshape(shape), theta.reshape(shape))
+        load = np.where(reach, lam * full / c, 0.0)  # unreached (or a hold not finite): other loads bind
+        return cls(wq.reshape(shape), pw.reshape(shape), theta.reshape(shape), load.reshape(shape))
 
 
 def _slot_wait_probability(lam, batch, c, hold, slope, full) -> np.ndarray:

@@ -227,7 +227,7 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     hold = life + own_mean  # a slot is held from the prompt's first step to its last token
     life_cv2 = np.where(np.isfinite(tpot_var) & (tpot > 0), tpot_var / np.maximum(tpot, 1e-12) ** 2, 0.0)
     slots = SlotQueue.of(lam, batch, limit, hold, w.osl.cv**2 + life_cv2, w.osl.mean * slope,
-                         own_mean + w.osl.mean * tpot_full, ca2=w.arrival_cv**2)
+                         full_batch_hold(own_mean, tpot_full, slope, b_cap, limit, w.osl.mean), ca2=w.arrival_cv**2)
     aq, ap = slots.mean_s, slots.quantile_s(p)
     if shared_steps is not None:
         prompt_step = t_d + x_mean * (1 + lam * tpot)
@@ -278,6 +278,8 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     # without a batch root: the slots the arrivals would hold (the stalls' inflation only while they fit)
     demand = lam * w.osl.mean * t_d / np.where(rho_x < 1, np.maximum(1 - rho_x, 1e-3), 1.0)
     occupancy = np.where(np.isfinite(batch), batch, demand) / limit
+    # where the full batch cannot keep up with the arrivals, the slots' own load (1 or more) binds
+    occupancy = np.where(slots.full_load >= 1, slots.full_load, occupancy)
     # decode bandwidth: the marginal sequence's step time over the time the prompts leave to the decodes
     decode_load = lam * w.osl.mean * slope / np.where(rho_x < 1, np.maximum(1 - rho_x, 1e-3), 1.0)
     # the prompts: the time share their extra work takes from the decodes (rho_x), and the prompt queue's own
@@ -339,6 +341,23 @@ def full_batch_tpot(t_d, slope, batch, limit, x_mean, osl_mean: float) -> np.nda
     linear stretch. It bounds the lognormal tail, which has no ceiling."""
     full = np.maximum(np.floor(limit), 1.0)
     return t_d + slope * np.maximum(full - batch, 0.0) + (full - 1) * x_mean / osl_mean
+
+
+def full_batch_hold(own_s, tpot_full, slope, batch, limit, osl_mean: float) -> np.ndarray:
+    """How long a request holds its slot while the batch runs full (s): its own prompt time and a
+    lifetime at the full batch's TPOT. Of the L = floor(limit) slots, those whose prompts are still in
+    prefill do not decode: requests start at the full batch's rate L / H and each spends its own time
+    s in prefill, so about n = L s / H slots hold a prompt and the decodes run n fewer (their step
+    ``slope`` shorter each, the batch kept at or above its mean B):
+      H = s + osl TPOT_max - osl slope min(n, L - B),   n = L s / (s + osl TPOT_max)
+    (one substitution of the fixed point; the rest is second order in n / L). On the long-prompt grid
+    (Qwen3-30B-A3B, 6,000-token prompts in chunks of 2,048, 13 slots) n is 0.47 and the simulated
+    instance, run full, finishes 3.48 requests a second: 13 / H = 3.43, against 3.38 with n = 0 (whole
+    prompts: n 0.35, 3.52 simulated, 3.53 here)."""
+    full = np.maximum(np.floor(limit), 1.0)
+    whole = own_s + osl_mean * tpot_full
+    in_prefill = np.minimum(full * own_s / np.maximum(whole, 1e-12), full - 1)
+    return whole - osl_mean * slope * np.minimum(in_prefill, np.maximum(full - batch, 0.0))
 
 
 def _step_ttft(lam, t_d, tpot, x_mean, x_cv2: float, rho_x, p: float, x_q) -> tuple[np.ndarray, np.ndarray]:
