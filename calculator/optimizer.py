@@ -26,6 +26,7 @@ from . import budget
 from .arguments import as_model, choice, flag, gpu_spec, integer, items, model_spec
 from .engines import engine_gpu
 from .errors import InputError
+from .formula import quieted
 from .kv_cache import kv_cache_bytes
 from .limits import MAX_CHUNK_BUDGETS, MAX_GPU_TYPES
 from .precision import KV_DTYPES, WEIGHT_DTYPES
@@ -377,6 +378,7 @@ def _gpu_specs(gpus: Any) -> list[GPUSpec]:
     return specs
 
 
+@quieted
 def plan(
     model: ModelSpec | str,
     workload: Workload | Mapping[str, Any],

@@ -59,3 +59,30 @@ def test_formulas_broadcast_over_arrays():
 def test_missing_argument_is_a_clear_error():
     with pytest.raises(TypeError, match="needs 'P'"):
         f.causal_pairs_full(S=3)
+
+
+def test_formulas_stay_quiet_inside_and_outside_a_quiet_block():
+    """A formula quiets numpy's divide and invalid warnings itself, or, inside ``quiet()`` (``plan`` and
+    ``evaluate`` run in one), relies on the block's; either way the same values and no warning, and the
+    block leaves numpy's settings as it found them."""
+    import warnings
+
+    import numpy as np
+
+    from calculator import formulas as fm
+    from calculator.formula import quiet
+
+    x = np.array([0.0, 1.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        alone = fm.token_weighted_tpot(B=x, Delta_B=x, rho_b=x, t_b=x, t_d=x)  # 0 / 0 in the first cell
+        with quiet():
+            inside = fm.token_weighted_tpot(B=x, Delta_B=x, rho_b=x, t_b=x, t_d=x)
+        np.testing.assert_array_equal(alone, inside)
+        assert np.isnan(alone[0]) and alone[1] == 1.0
+        try:
+            np.array([1.0]) / np.array([0.0])
+        except RuntimeWarning:
+            pass
+        else:
+            raise AssertionError("quiet() left numpy's divide warning off")

@@ -19,6 +19,7 @@ from .. import formulas as f
 from ..arguments import as_model, gpu_spec, items, model_spec
 from ..engines import DEFAULT_ENGINE, engine_gpu
 from ..errors import InputError, UnknownIdError
+from ..formula import quieted
 from ..limits import MAX_GPU_TYPES
 from . import chunked, disaggregated, mixed
 from .closed import ClosedLoop
@@ -88,6 +89,7 @@ def in_steps(w: Workload, tokens_per_step: float) -> Workload:
     return w.model_copy(update={"osl": osl})
 
 
+@quieted
 def evaluate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
              workload: Workload | Mapping[str, Any], slo: SLO | Mapping[str, Any] | None = None,
              gpus: Sequence[GPUSpec | Mapping[str, Any]] | GPUSpec = (),
