@@ -567,3 +567,23 @@ def test_a_batch_cap_far_above_the_batch_is_a_bound_not_a_queue():
     assert chat.stable and chat.ttft_mean_s is not None and chat.ttft_mean_s < chat.ttft_by_percentile_s[90]
     plan = pc.plan("mistral-7b", {"rate": 6.0, "isl": 300, "osl": 1500}, slo, gpus=["h100-sxm"])
     assert all(c.capacity_rps > 6.0 for c in plan.candidates if c.mode != "disaggregated")
+
+
+def test_a_batch_that_outgrows_its_slots_is_overloaded_at_a_load_above_one():
+    """Llama-3.1-70B on four H100s, 32,000-token prompts, chunking off: 14 KV slots. At 0.3 req/s the
+    prompts take 90% of the steps, decodes crawl and the batch has no fixed point below its 14 slots;
+    the reason said "prefill interference at utilisation 0.90 (>= 1)". The slots the arrivals would
+    hold at the TPOT of a batch at the limit are 3.4 times the slots there are."""
+    slo = pc.SLO(ttft_s=2.0, tpot_s=0.05)
+    d = {"mode": "mixed", "pool": {"gpu": "h100-sxm", "tp": 4}}
+    w = {"isl": 32000, "osl": 100}
+    assert pc.evaluate("llama-3.1-70b", d, {**w, "rate": 0.25}, slo).stable
+    r = pc.evaluate("llama-3.1-70b", d, {**w, "rate": 0.3}, slo)
+    assert not r.stable and r.binding == "KV memory" and 3.0 < r.utilisation < 3.8
+    assert "KV memory at utilisation 3.3" in r.reason
+    # every overloaded mixed or chunked evaluation of a sweep names a load of one or more
+    for isl in (4000, 32000):
+        for mode in ("mixed", "chunked"):
+            for rate in (0.2, 0.3, 0.5, 1.0, 3.0):
+                e = pc.evaluate("llama-3.1-70b", {**d, "mode": mode}, {"isl": isl, "osl": 100, "rate": rate}, slo)
+                assert e.stable or e.utilisation >= 1, (isl, mode, rate, e.reason)

@@ -275,8 +275,11 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
 
     # utilisation: the share of each resource in use; the largest binds
     kv_limit = pm.kv_limit(w)
-    # without a batch root: the slots the arrivals would hold (the stalls' inflation only while they fit)
-    demand = lam * w.osl.mean * t_d / np.where(rho_x < 1, np.maximum(1 - rho_x, 1e-3), 1.0)
+    # without a batch root (the batch outgrows its slots): the slots the arrivals would hold at the TPOT of
+    # a batch at the limit (no root below it: more than the limit), or where that TPOT is not finite, at
+    # the plain step with the stalls' inflation while they fit
+    demand = np.where(np.isfinite(tpot), lam * w.osl.mean * tpot,
+                      lam * w.osl.mean * t_d / np.where(rho_x < 1, np.maximum(1 - rho_x, 1e-3), 1.0))
     occupancy = np.where(np.isfinite(batch), batch, demand) / limit
     # where the full batch cannot keep up with the arrivals, the slots' own load (1 or more) binds
     occupancy = np.where(slots.full_load >= 1, slots.full_load, occupancy)
