@@ -499,7 +499,7 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
     batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap, slots = _decode_side(dec, w, lam_d, p)
     # where requests wait for a decode slot, that wait follows the prefill, the move and the step in
     # progress: the quantile of the sum (``with_slot_wait``), from that time's quantiles at TAIL_LEVELS
-    tabulate = bool(np.any(slots.matters(float(levels.min()))))
+    tabulate = bool(np.any(slots.matters(float(levels.max()))))
     asked = np.concatenate([levels, TAIL_LEVELS]) if tabulate else levels
     prefill_mean, prefill_q, rho_prefill = prefill_time(pre, w, lam, c, d.max_batched_tokens, asked)
     before_tail, before_far = None, None
