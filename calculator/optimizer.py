@@ -255,7 +255,8 @@ def _candidate_from(d: Deployment, a: ModeArrays, i, w: Workload, slo: SLO, capa
     z = NormalDist().inv_cdf(1 - min(CAP_TAIL_SHARE, SLOT_WAIT_SHARE * (1 - slo.p)))
     cap_pool = pools[-1]  # the pool that decodes
     wanted = max(math.ceil(2 * batch + z * math.sqrt(batch) + 1), _poisson_tail_cap(2 * batch, 1 - NormalDist().cdf(z)), 1)
-    limit = cap_pool.batch_limit(w)
+    e = cap_pool.tokens_per_step  # speculative decoding: the modes' KV limit counts outputs in steps
+    limit = cap_pool.batch_limit(in_steps(w, e) if e > 1 else w)
     batch_cap = int(min(wanted, max(math.ceil(limit), 1), cap_pool.batch_cap))
     max_batch = batch_cap * cap_pool.pool.micro_batches  # per engine above; max_num_seqs is per instance (DP rank)
     if d.mode == "disaggregated":

@@ -246,27 +246,32 @@ def test_best_deployment_re_evaluates_to_the_plan_figures():
         assert c.deployment.pools[-1].max_batch >= r.decode_batch
 
 
-@pytest.mark.parametrize("model, workload, slo, gpus", [
+@pytest.mark.parametrize("model, workload, slo, gpus, options", [
     # light load (mean batch 0.07-0.2): a cap of 2 or 3 left 0.2% of requests waiting a whole lifetime for a
     # slot, and the p90 TTFT re-evaluated at 0.306 s against the plan's 0.297 s (SLO 0.3 s)
     ("mistral-7b", {"rate": 2, "isl": {"mean": 20000, "cv": 0.5}, "osl": 16}, {"ttft_s": 0.3, "tpot_s": 0.02},
-     ["h100-sxm", "l40s", "mi300x"]),
+     ["h100-sxm", "l40s", "mi300x"], {}),
     # p99: a cap at the batch's 99.9th percentile moved the p99 TTFT by 17% (0.351 s against 0.299 s)
     ("qwen3-235b-a22b", {"rate": 30, "isl": {"mean": 2000, "cv": 0.5}, "osl": {"mean": 16, "cv": 0.5}},
-     {"ttft_s": 0.3, "tpot_s": 0.1, "percentile": 99}, ["a100-sxm-80gb", "mi300x", "b200"]),
+     {"ttft_s": 0.3, "tpot_s": 0.1, "percentile": 99}, ["a100-sxm-80gb", "mi300x", "b200"], {}),
     # KV memory binds at 402.6 sequences: a cap of 402 moved the p99 TTFT from 2.76 to 3.03 s
     ("qwen3-30b-a3b", {"rate": 100, "isl": {"mean": 2000, "cv": 0.5}, "osl": 2000},
-     {"ttft_s": 3.0, "tpot_s": 0.05, "percentile": 99}, ["h20", "l4", "a100-sxm-80gb"]),
+     {"ttft_s": 3.0, "tpot_s": 0.05, "percentile": 99}, ["h20", "l4", "a100-sxm-80gb"], {}),
     # joint attainment at p99: the decode slot wait was left out of every level when it mattered only
     # at the highest (TTFT p99 2.81 s with joint levels, 3.19 s without)
     ("gemma-3-27b", {"rate": 8, "isl": 20000, "osl": 2000},
-     {"ttft_s": 3.0, "tpot_s": 0.05, "percentile": 99, "attainment": "joint"}, ["h100-sxm", "h200-sxm", "l40s"]),
+     {"ttft_s": 3.0, "tpot_s": 0.05, "percentile": 99, "attainment": "joint"}, ["h100-sxm", "h200-sxm", "l40s"], {}),
+    # speculative decoding: the cap took the KV limit of outputs counted in tokens, not in steps (98 where the
+    # modes' limit, in steps, is higher): p99 TTFT 0.97 s planned, 4.76 s evaluated
+    ("qwen3-30b-a3b", {"rate": 30, "isl": {"mean": 8000, "cv": 0.5}, "osl": {"mean": 2000, "cv": 0.5}},
+     {"ttft_s": 2.0, "tpot_s": 0.08, "percentile": 99}, ["h20", "b200"],
+     {"spec": {"kind": "eagle", "tokens": 3, "acceptance": 0.7}}),
 ])
-def test_recommended_deployments_meet_the_slo_when_evaluated(model, workload, slo, gpus):
+def test_recommended_deployments_meet_the_slo_when_evaluated(model, workload, slo, gpus, options):
     """What ``plan`` recommends, batch cap included, meets the SLO when ``evaluate`` is asked about it,
     with the plan's own figures (found by a sweep of 60 random plans: 6 of 300 candidates missed)."""
     slo = pc.SLO(**slo)
-    p = pc.plan(model, workload=workload, slo=slo, gpus=gpus)
+    p = pc.plan(model, workload=workload, slo=slo, gpus=gpus, **options)
     assert p.feasible
     for c in p.candidates[:5]:
         r = pc.evaluate(model, c.deployment, workload, slo)
