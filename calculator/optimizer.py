@@ -255,12 +255,14 @@ def _candidate_from(d: Deployment, a: ModeArrays, i, w: Workload, slo: SLO, capa
     """
     ttft_p, tpot_p, tpot_mean = float(a.ttft_p_s[i]), float(a.tpot_p_s[i]), float(a.tpot_mean_s[i])
     util, batch, busiest = float(a.utilisation[i]), float(a.batch[i]), str(a.binding[i])
-    z = NormalDist().inv_cdf(1 - min(CAP_TAIL_SHARE, SLOT_WAIT_SHARE * (1 - slo.p)))
+    share = min(CAP_TAIL_SHARE, SLOT_WAIT_SHARE * (1 - slo.p))
+    z = NormalDist().inv_cdf(1 - share)
     cap_pool = pools[-1]  # the pool that decodes
-    if d.mode != "disaggregated":  # a slot is held from a prompt's first step: prompts in prefill hold slots too
+    held = batch  # slots in use: the decode batch, and on a pool that prefills the prompts in prefill
+    if d.mode != "disaggregated":
         ttft_mean = float(a.ttft_mean_s[i])
-        batch += w.rate / d.pool.engines * ttft_mean if math.isfinite(ttft_mean) else 0.0  # type: ignore[union-attr]
-    wanted = max(math.ceil(2 * batch + z * math.sqrt(batch) + 1), _poisson_tail_cap(2 * batch, 1 - NormalDist().cdf(z)), 1)
+        held += w.rate / d.pool.engines * ttft_mean if math.isfinite(ttft_mean) else 0.0  # type: ignore[union-attr]
+    wanted = max(math.ceil(2 * held + z * math.sqrt(held) + 1), _poisson_tail_cap(2 * held, share), 1)
     e = cap_pool.tokens_per_step  # speculative decoding: the modes' KV limit counts outputs in steps
     limit = cap_pool.batch_limit(in_steps(w, e) if e > 1 else w)
     batch_cap = int(min(wanted, max(math.ceil(limit), 1), cap_pool.batch_cap))

@@ -1035,6 +1035,11 @@ class SlotQueue:
     without bound (every request waits, for ever: ``mean_s`` inf, ``wait_probability`` 1), whatever the
     mean batch says."""
 
+    def occupancy(self, batch_share) -> np.ndarray:
+        """The slots' load as a binding resource: the batch's share of its slots (``batch_share``), or,
+        where the full batch cannot keep up, ``full_load`` (1 or more)."""
+        return np.where(np.asarray(self.full_load) >= 1, self.full_load, batch_share)
+
     def matters(self, p: float) -> np.ndarray:
         """Whether enough requests wait for a slot (1% of the 1 - p beyond the p-quantile) that the
         wait moves a p-quantile of TTFT (``with_slot_wait``)."""
@@ -1059,13 +1064,13 @@ class SlotQueue:
         # Poisson spreads of the cap; a cap far above it is a bound, not a state (a full batch of hundreds,
         # a prompt joining at every departure, can lag the arrivals without ever being reached)
         reach = finite & (batch + 3 * np.sqrt(np.maximum(batch, 0.0)) >= c - 1)
-        stable = finite & ((lam * full < c) | ~reach)
+        keeps_up = finite & (lam * full < c)
+        stable = keeps_up | (finite & ~reach)
         # only loads whose full-batch occupancy could reach the cap need the sum over states
         rho_full = np.where(finite, lam * full / c, 0.0)
-        live = stable & (rho_full ** (np.sqrt(2 * (c + 1)) - 1) > 1e-7)
+        live = keeps_up & (rho_full ** (np.sqrt(2 * (c + 1)) - 1) > 1e-7)
         pw = np.zeros_like(lam)
-        live = live & (lam * full < c)
-        gap = np.where(lam * full < c, c / np.where(finite, full, 1.0) - lam, np.inf)  # unreached: no wait
+        gap = np.where(keeps_up, c / np.where(finite, full, 1.0) - lam, np.inf)  # unreached: no wait
         theta = np.where(stable, (ca2 + cs2) / 2 / np.maximum(gap, 1e-300), np.inf)
         if live.any():
             pw[live] = _slot_wait_probability(lam[live], batch[live], c[live], hold[live], slope[live], full[live])

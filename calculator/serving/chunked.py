@@ -280,9 +280,7 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     # the plain step with the stalls' inflation while they fit
     demand = np.where(np.isfinite(tpot), lam * w.osl.mean * tpot,
                       lam * w.osl.mean * t_d / np.where(rho_x < 1, np.maximum(1 - rho_x, 1e-3), 1.0))
-    occupancy = np.where(np.isfinite(batch), batch, demand) / limit
-    # where the full batch cannot keep up with the arrivals, the slots' own load (1 or more) binds
-    occupancy = np.where(slots.full_load >= 1, slots.full_load, occupancy)
+    occupancy = slots.occupancy(np.where(np.isfinite(batch), batch, demand) / limit)
     # decode bandwidth: the marginal sequence's step time over the time the prompts leave to the decodes
     decode_load = lam * w.osl.mean * slope / np.where(rho_x < 1, np.maximum(1 - rho_x, 1e-3), 1.0)
     # the prompts: the time share their extra work takes from the decodes (rho_x), and the prompt queue's own

@@ -522,8 +522,7 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
 
     rho_decode = lam_d * w.osl.mean * slope
     kv_limit = dec.kv_limit(w)
-    occupancy = np.where(np.isfinite(batch), batch, lam_d * life) / limit
-    occupancy = np.where(slots.full_load >= 1, slots.full_load, occupancy)  # the full batch falls behind
+    occupancy = slots.occupancy(np.where(np.isfinite(batch), batch, lam_d * life) / limit)
     names = np.array(["prefill pool", "decode bandwidth",
                       "decode batch cap" if dec.batch_cap <= kv_limit else "decode KV memory"])
     stacked = np.stack(np.broadcast_arrays(rho_prefill, rho_decode, occupancy))
