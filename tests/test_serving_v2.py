@@ -587,3 +587,60 @@ def test_a_batch_that_outgrows_its_slots_is_overloaded_at_a_load_above_one():
             for rate in (0.2, 0.3, 0.5, 1.0, 3.0):
                 e = pc.evaluate("llama-3.1-70b", {**d, "mode": mode}, {"isl": isl, "osl": 100, "rate": rate}, slo)
                 assert e.stable or e.utilisation >= 1, (isl, mode, rate, e.reason)
+
+
+def _md_c_waits(c: int, rho: float, n: int = 120_000, seed: int = 0) -> np.ndarray:
+    """Waits (in service times) of an M/D/c queue: FIFO, c servers, service 1, Poisson arrivals at rho c."""
+    import heapq
+
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1 / (rho * c), n))
+    free = [0.0] * c
+    waits = np.empty(n)
+    for i, t in enumerate(arrivals.tolist()):
+        start = max(heapq.heappop(free), t)
+        waits[i] = start - t
+        heapq.heappush(free, start + 1.0)
+    return waits[n // 10:]
+
+
+@pytest.mark.parametrize("c, rho", [(13, 0.6), (13, 0.8), (22, 0.8)])
+def test_slot_wait_factor_is_cosmetatos_for_fixed_holds(c, rho):
+    """The wait for a slot with near-fixed holds: Allen-Cunneen's (1 + c_s^2) / 2 = 0.5 of M/M/c's mean wait is
+    short where c is large and the load moderate; Cosmetatos' correction (``slot_wait_factor``) follows an
+    M/D/c simulation within 7% (c = 13 at rho 0.6: 0.62, not 0.5), and a positive wait is less variable than
+    an exponential (squared cv ~0.7: ``DETERMINISTIC_WAIT_CV2``)."""
+    from calculator import formulas as f
+    from calculator.serving.base import DETERMINISTIC_WAIT_CV2, erlang_c
+
+    waits = np.concatenate([_md_c_waits(c, rho, 300_000, seed) for seed in (0, 1)])  # a slow mean: +-8% a seed
+    mmc_mean = float(erlang_c(np.array([rho * c]), c)[0]) / (c * (1 - rho))  # M/M/c's W_q, service 1
+    factor = float(f.slot_wait_factor({"c_a2": 1.0, "c_s2": 0.0, "lambda": rho * c, "E_S": 1.0, "c_srv": c}))
+    assert waits.mean() / mmc_mean > 0.53  # Allen-Cunneen's 0.5 is short
+    assert factor * mmc_mean == pytest.approx(waits.mean(), rel=0.07)
+    positive = waits[waits > 0]
+    assert positive.var() / positive.mean() ** 2 == pytest.approx(DETERMINISTIC_WAIT_CV2, abs=0.08)
+
+
+def test_decode_slot_wait_probability_follows_the_simulation():
+    """A decode instance whose KV memory holds 13 sequences of 6,000-token prompts (Qwen3-30B-A3B, H100 at the
+    grid's 80e9 bytes), 3.66 req/s: the share of requests that wait for a slot was 0.23 in the closed form and
+    0.16 in the simulation (the chain's n-th state took the hold of n + 1 sequences, and the mean TPOT was
+    t(B + 1) on a concave step curve); now within 0.04 of it, and the mean batch within 3%."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from serving_oracle import grid_gpu
+
+    m = pc.load_model("qwen3-30b-a3b")
+    d = pc.Deployment(mode="disaggregated", prefill=pc.Pool(gpu="h100-sxm"), decode=pc.Pool(gpu="h100-sxm"))
+    w = pc.Workload(rate=3.656, isl=6000, osl=150)
+    pools = tuple(PoolModel.build(m, p, w, grid_gpu()) for p in d.pools)
+    from calculator.serving.disaggregated import _decode_side
+
+    batch, *_, slots, _ = _decode_side(pools[1], w, np.array([w.rate]), 0.9)
+    traces = [run_deployment(m, d, w, pools, 4000, seed) for seed in (0, 1)]
+    waited = float(np.mean(np.concatenate([t.admission_wait_s for t in traces]) > 0.03))  # beyond a step's alignment
+    assert float(slots.wait_probability[0]) == pytest.approx(waited, abs=0.04)
+    assert float(batch[0]) == pytest.approx(np.mean([t.batch_mean for t in traces]), rel=0.03)

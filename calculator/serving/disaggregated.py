@@ -44,7 +44,7 @@ from .base import (
     excess_sum,
     first_root,
     gamma_arrival_wait_probability,
-    product_form_step_variance,
+    product_form_step_moments,
     quantile_table_tail,
     queue_wait,
     tpot_tail,
@@ -449,25 +449,31 @@ def _gamma_cdf_wh(x, k, theta) -> np.ndarray:
 
 def _decode_side(dec: PoolModel, w: Workload, lam_d: np.ndarray, p: float) -> tuple[np.ndarray, ...]:
     """The decode instance at per-instance rates ``lam_d``: (B, B capped, t_d, slope, TPOT mean, its
-    variance and p-quantile, lifetime, slot wait mean and p-quantile). Cached on the pool model: a
-    plan pairs one decode pool with many prefill pools."""
+    variance and p-quantile, lifetime, slot wait mean and p-quantile, the slot queue, and the fixed point
+    B' = lambda osl t(B' + 1) that decides stability, as in the other modes: a batch that would outgrow its
+    slots). Cached on the pool model: a plan pairs one decode pool with many prefill pools."""
     key = ("decode_side", lam_d.tobytes(), float(p), w.isl, w.osl)
     hit = dec._cache.get(key)
     if hit is not None:
         return hit
     ctx = running_context(w)
     limit = dec.batch_limit(w)
-    batch, _ = decode_fixed_point(dec, ctx, lam_d, w.osl.mean, 1.0, limit)
+    fixed, _ = decode_fixed_point(dec, ctx, lam_d, w.osl.mean, 1.0, limit)  # B = lambda osl t(B + 1): where to look
+    slope0 = decode_step_at(dec, ctx, limit, np.minimum(fixed, limit) + 1) - decode_step_at(dec, ctx, limit, np.minimum(
+        fixed, limit))
+    # no prompts stretch the lifetimes here: the step a request sees, t(N + 1), over the product form of the
+    # batch on the step curve, with the queue for a slot beyond the limit (``product_form_step_moments``): its
+    # mean is the TPOT (below t(B + 1) where the curve is concave: an MoE at a small batch) and by Little's law
+    # B = lambda osl TPOT sequences decode
+    tpot, step_var = product_form_step_moments(dec, ctx, lam_d, w.osl.mean, limit, fixed, decode_load(lam_d, w, slope0))
+    batch = lam_d * w.osl.mean * tpot
     b_cap = np.minimum(batch, limit)
     t_d = decode_step_at(dec, ctx, limit, b_cap)
     slope = decode_step_at(dec, ctx, limit, b_cap + 1) - t_d
-    tpot = t_d + slope  # the step a request sees: t_d(B + 1) (``base.seen``)
     zero = np.zeros_like(lam_d)
     # a full decode batch of L = floor(limit) sequences steps at t_d(L) (no prompts stall it): the
     # largest TPOT, which bounds the tail, and the hold of a slot while requests queue for one
-    tpot_full = t_d + slope * np.maximum(np.floor(limit) - b_cap, 0.0)
-    # no prompts stretch the lifetimes here: the batch's spread is the product form over the step curve
-    step_var = product_form_step_variance(dec, ctx, lam_d, w.osl.mean, limit, b_cap, decode_load(lam_d, w, slope))
+    tpot_full = decode_step_at(dec, ctx, limit, np.full_like(b_cap, max(math.floor(limit), 1)))
     tpot_var, tpot_p = tpot_tail(tpot, zero, lam_d, zero, 0.0, w, slope, b_cap, p, step_var)
     tpot_p = np.minimum(tpot_p, np.maximum(tpot_full, tpot))
     life = w.osl.mean * tpot
@@ -476,7 +482,7 @@ def _decode_side(dec: PoolModel, w: Workload, lam_d: np.ndarray, p: float) -> tu
     slots = SlotQueue.of(lam_d, batch, limit, life, w.osl.cv**2, w.osl.mean * slope, w.osl.mean * tpot_full,
                          ca2=w.arrival_cv**2)
     aq, ap = slots.mean_s, slots.quantile_s(p)
-    out = (batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap, slots)
+    out = (batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap, slots, fixed)
     if len(dec._cache) < 4096:
         dec._cache[key] = out
     return out
@@ -496,7 +502,7 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
     levels = np.array([p, *ATTAINMENT_LEVELS]) if joint else np.array([p])
     lam_d = lam / d.decode.engines
     limit = dec.batch_limit(w)
-    batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap, slots = _decode_side(dec, w, lam_d, p)
+    batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap, slots, fixed = _decode_side(dec, w, lam_d, p)
     # where requests wait for a decode slot, that wait follows the prefill, the move and the step in
     # progress: the quantile of the sum (``with_slot_wait``), from that time's quantiles at TAIL_LEVELS
     tabulate = bool(np.any(slots.matters(float(levels.max()))))
@@ -522,13 +528,13 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
 
     rho_decode = lam_d * w.osl.mean * slope
     kv_limit = dec.kv_limit(w)
-    occupancy = slots.occupancy(np.where(np.isfinite(batch), batch, lam_d * life) / limit)
+    occupancy = slots.occupancy(np.where(np.isfinite(fixed), fixed, lam_d * life) / limit)  # the fixed point, as stability
     names = np.array(["prefill pool", "decode bandwidth",
                       "decode batch cap" if dec.batch_cap <= kv_limit else "decode KV memory"])
     stacked = np.stack(np.broadcast_arrays(rho_prefill, rho_decode, occupancy))
     stacked = np.where(np.isfinite(stacked), stacked, 1e9)
     util = stacked.max(axis=0)
     binding = names[np.argmax(stacked, axis=0)]
-    stable = (util < 1) & np.isfinite(batch) & (batch < limit)
+    stable = (util < 1) & np.isfinite(fixed) & (fixed < limit)
     return ModeArrays(stable, util, ttft_mean, ttft_p, tpot, tpot_p, batch, np.full_like(lam, t_kv), binding,
                       tpot_var, itl_p, levels)
