@@ -459,8 +459,8 @@ def _decode_side(dec: PoolModel, w: Workload, lam_d: np.ndarray, p: float) -> tu
     ctx = running_context(w)
     limit = dec.batch_limit(w)
     fixed, _ = decode_fixed_point(dec, ctx, lam_d, w.osl.mean, 1.0, limit)  # B = lambda osl t(B + 1): where to look
-    slope0 = decode_step_at(dec, ctx, limit, np.minimum(fixed, limit) + 1) - decode_step_at(dec, ctx, limit, np.minimum(
-        fixed, limit))
+    at_fixed, above_fixed = decode_step_at(dec, ctx, limit, np.stack([np.minimum(fixed, limit), np.minimum(fixed, limit) + 1]))
+    slope0 = above_fixed - at_fixed
     # no prompts stretch the lifetimes here: the step a request sees, t(N + 1), over the product form of the
     # batch on the step curve, with the queue for a slot beyond the limit (``product_form_step_moments``): its
     # mean is the TPOT (below t(B + 1) where the curve is concave: an MoE at a small batch) and by Little's law
@@ -468,12 +468,12 @@ def _decode_side(dec: PoolModel, w: Workload, lam_d: np.ndarray, p: float) -> tu
     tpot, step_var = product_form_step_moments(dec, ctx, lam_d, w.osl.mean, limit, fixed, decode_load(lam_d, w, slope0))
     batch = lam_d * w.osl.mean * tpot
     b_cap = np.minimum(batch, limit)
-    t_d = decode_step_at(dec, ctx, limit, b_cap)
-    slope = decode_step_at(dec, ctx, limit, b_cap + 1) - t_d
-    zero = np.zeros_like(lam_d)
     # a full decode batch of L = floor(limit) sequences steps at t_d(L) (no prompts stall it): the
     # largest TPOT, which bounds the tail, and the hold of a slot while requests queue for one
-    tpot_full = decode_step_at(dec, ctx, limit, np.full_like(b_cap, max(math.floor(limit), 1)))
+    t_d, t_up, tpot_full = decode_step_at(dec, ctx, limit, np.stack([b_cap, b_cap + 1, np.full_like(b_cap, max(
+        math.floor(limit), 1))]))
+    slope = t_up - t_d
+    zero = np.zeros_like(lam_d)
     tpot_var, tpot_p = tpot_tail(tpot, zero, lam_d, zero, 0.0, w, slope, b_cap, p, step_var)
     tpot_p = np.minimum(tpot_p, np.maximum(tpot_full, tpot))
     life = w.osl.mean * tpot
