@@ -478,7 +478,7 @@ wait_percentile = _formula(
     "s",
     "p-quantile of the wait: an arrival waits with probability P_w, and then an exponential time of mean W_q/P_w.",
 )
-rho_q = lam * ES / n_srv
+rho_q = server_utilisation.expr
 slot_wait_factor = _formula(
     "slot_wait_factor",
     (ca2 + cs2) / 2 + (1 - sp.Min(cs2, 1)) * (1 - rho_q) * (n_srv - 1) * (sp.sqrt(4 + 5 * n_srv) - 2) / (32 * rho_q * n_srv),
