@@ -96,6 +96,8 @@ n_blk = _sym("n_blk", "thread blocks a decode attention kernel runs: sequences x
              r"n_{blk}")
 beta_blk = _sym("beta_blk", "KV bandwidth one decode attention thread block streams, walking one sequence's cache "
                 "for one KV head", "B/s", r"\beta_{blk}")
+eta_bs = _sym("eta_bs", "memory efficiency a linear layer over block-scaled fp8 weights reaches where the tensor cores "
+              "cannot apply the scales (achieved / peak HBM bandwidth)", "1", r"\eta_{bs}")
 g_graph = _sym("g_graph", "share of the per-kernel launch latency a step replayed from a CUDA graph still pays", "1",
                r"g_{graph}")
 o_seq = _sym("o_seq", "cost per sequence in a step (scheduling, sampling, output processing)", "s", r"o_{seq}")
@@ -345,6 +347,15 @@ decode_attention_memory_efficiency = _formula(
     "Memory efficiency of the decode attention kernel: one thread block per (sequence, KV head) walks that "
     "sequence's cache at beta_blk, so with fewer blocks than it takes to fill the GPU (a small batch, few KV heads "
     "per GPU at high tp) the kernel reaches only n_blk x beta_blk of the HBM bandwidth, whatever the cache's size.",
+)
+block_scaled_memory_efficiency = _formula(
+    "block_scaled_memory_efficiency",
+    sp.Min(eta_m, eta_bs),
+    "1",
+    "Memory efficiency of a linear layer whose fp8 weights carry fine-grained block scales (DeepSeek-V3's 128 x 128 "
+    "tiles): where the tensor cores have no block-scaled MMA (Hopper), every K block's partial sums are rescaled on "
+    "the CUDA cores between MMA steps, and the best such kernels stream their weights at eta_bs of the HBM peak, "
+    "below what a per-tensor fp8 GEMM reaches.",
 )
 launch_latency = _formula(
     "launch_latency",

@@ -189,6 +189,16 @@ def _read(source: Any, field: str) -> Mapping[str, Any]:
 
 # ------------------------------------------------------------------------------------- the mapping
 
+def _block_size(value: Any, where: str) -> tuple[int, int] | None:
+    """A quantisation config's ``weight_block_size``: two positive integers (rows, columns), or absent."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise InputError(where, f"must be two integers [rows, columns], got {_show(value)}")
+    rows, cols = (_as_int(v, _at(where, i), (1, 65_536)) for i, v in enumerate(value))
+    return rows, cols
+
+
 def _slug(text: str) -> str:
     s = re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-.")
     return (s or "custom-model")[:64]
@@ -284,12 +294,16 @@ def model_from_hf_config(
     torch_dtype = _str(outer, field, "torch_dtype", _MAX_DTYPE_CHARS)
     torch_dtype = torch_dtype or _str(outer, field, "dtype", _MAX_DTYPE_CHARS)  # newer transformers' name
     dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(torch_dtype or "", "bf16")
+    block_size = None
     if outer.get("quantization_config") is not None:
-        quant = _object(outer["quantization_config"], _at(field, "quantization_config"))
-        dtype = _str(quant, _at(field, "quantization_config"), "quant_method", _MAX_DTYPE_CHARS) or dtype
+        qpath = _at(field, "quantization_config")
+        quant = _object(outer["quantization_config"], qpath)
+        dtype = _str(quant, qpath, "quant_method", _MAX_DTYPE_CHARS) or dtype
+        block_size = _block_size(quant.get("weight_block_size"), _at(qpath, "weight_block_size"))
     try:
         return ModelSpec(
             id=_slug(str(model_id or label)), name=label, hf_repo=repo, checkpoint_dtype=dtype,
+            weight_block_size=block_size,
             sources=("user-supplied Hugging Face config.json",), **spec,
         )
     except ValidationError as e:

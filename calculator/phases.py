@@ -120,6 +120,8 @@ class Setup:
             tau_k=eff.kernel_latency_us * 1e-6, alpha=eff.collective_latency_us * 1e-6,
             o_seq=eff.sequence_overhead_us * 1e-6, T_half=eff.gemm_half_tokens, g_graph=eff.decode_graph_launch,
             beta_blk=eff.decode_attention_block_gb_s * 1e9, r_gemv=eff.gemv_speedup,
+            # fp8 weights with block scales (the checkpoint's own, served as fp8) on a GPU that rescales on CUDA cores
+            eta_bs=eff.block_scaled_memory if self.weight_dtype == "fp8" and m.weight_block_size else 0.0,
         )
         object.__setattr__(self, "values", v)
         object.__setattr__(self, "tp_link_bytes_per_s", group_link_bytes_per_s(g, self.tp))
@@ -250,13 +252,14 @@ class Group:
 
 
 def _roofline(name: str, flops, bytes_, peak, kernels, setup: Setup, share: float = 1.0, tokens=None,
-              graph: bool = False, blocks=None) -> Group:
+              graph: bool = False, blocks=None, block_scaled: bool = False) -> Group:
     """An operator group's roofline time; ``share`` scales both efficiencies (the decode attention kernel's).
     ``tokens``: the rows of a linear layer's GEMMs, whose compute efficiency rolls off below ``T_half``
     (``gemm_compute_efficiency``) and whose weights stream faster at one row where ``r_gemv`` says so
     (``gemm_memory_efficiency``); ``graph``: a decode step replayed from a CUDA graph (``launch_latency``);
     ``blocks``: the thread blocks of a decode attention kernel, whose memory efficiency they cap
-    (``decode_attention_memory_efficiency``)."""
+    (``decode_attention_memory_efficiency``); ``block_scaled``: a linear layer over the model's weights, which
+    stream at ``block_scaled_memory_efficiency`` where they are block-scaled fp8 on a GPU that sets a limit."""
     v = setup.values
     flops = np.asarray(flops, dtype=float)
     bytes_ = np.asarray(bytes_, dtype=float)
@@ -266,6 +269,8 @@ def _roofline(name: str, flops, bytes_, peak, kernels, setup: Setup, share: floa
     eta_m = v["eta_m"]
     if tokens is not None and v["r_gemv"] != 1.0:
         eta_m = np.asarray(f.gemm_memory_efficiency(v, T=np.asarray(tokens, dtype=float)))
+    if block_scaled and v["eta_bs"] > 0:
+        eta_m = np.asarray(f.block_scaled_memory_efficiency(v, eta_m=eta_m))
     eta_c, eta_m = eta_c * share, eta_m * share
     if blocks is not None and v["beta_blk"] > 0:
         # at least one block: a step with no decodes (a lone prompt's step) reads no decode KV at all
@@ -326,7 +331,7 @@ def step_groups(
         "attention_proj",
         f.gemm_flops(v, N_lin=n_attn / tp, T=T),
         v["b_w"] * n_attn / tp + f.gemm_activation_bytes(v, T=T, X_io=io_attn),
-        gemm_peak, KERNELS_PER_LAYER["attention_proj"] * L, setup, tokens=T, graph=graph,
+        gemm_peak, KERNELS_PER_LAYER["attention_proj"] * L, setup, tokens=T, graph=graph, block_scaled=True,
     ))
 
     # dense MLP layers
@@ -337,7 +342,7 @@ def step_groups(
             "mlp",
             f.gemm_flops(v, N_lin=n_mlp / tp, T=T),
             v["b_w"] * n_mlp / tp + f.gemm_activation_bytes(v, T=T, X_io=setup.io_width_mlp * dense_layers),
-            gemm_peak, KERNELS_PER_LAYER["mlp"] * dense_layers, setup, tokens=T, graph=graph,
+            gemm_peak, KERNELS_PER_LAYER["mlp"] * dense_layers, setup, tokens=T, graph=graph, block_scaled=True,
         ))
 
     # MoE layers: k routed + shared experts per token; weights of the distinct experts touched
@@ -353,7 +358,7 @@ def step_groups(
             f.gemm_flops(v, N_lin=(routed * Lm + setup.moe_fixed_params) / tp, T=T),
             v["b_w"] * (touched * setup.expert_params_each * Lm / setup.dp + setup.moe_fixed_params) / tp
             + f.gemm_activation_bytes(v, T=T, X_io=setup.io_width_moe * Lm),
-            gemm_peak, KERNELS_PER_LAYER["moe"] * Lm, setup, tokens=T, graph=graph,
+            gemm_peak, KERNELS_PER_LAYER["moe"] * Lm, setup, tokens=T, graph=graph, block_scaled=True,
         ))
 
     # LM head: last position of each request only; logits in fp32
@@ -450,7 +455,7 @@ def _mla_context_up_projection(setup: Setup, cached_tokens: np.ndarray) -> list[
         "mla_up_projection",
         f.gemm_flops(v, N_lin=mla.kv_lora_rank * expanded * m.num_layers, T=T),
         f.gemm_activation_bytes(v, T=T, X_io=(mla.kv_lora_rank + mla.qk_rope_head_dim + expanded) * m.num_layers),
-        setup.gemm_rate_flops_per_s, m.num_layers * (cached_tokens > 0), setup, tokens=T,
+        setup.gemm_rate_flops_per_s, m.num_layers * (cached_tokens > 0), setup, tokens=T, block_scaled=True,
     )]
 
 

@@ -87,6 +87,13 @@ class Efficiency(_Record):
     decode_graph_launch: float = Field(default=1.0, ge=0, le=1, description="share of the per-kernel latency a "
                                        "decode step pays (``launch_latency``): below 1 where the engine replays decode "
                                        "steps from CUDA graphs; 1: every kernel launched on its own")
+    block_scaled_memory: float = Field(default=0.0, ge=0, le=1, description="achieved / peak HBM bandwidth of a linear "
+                                       "layer over fp8 weights with fine-grained block scales (DeepSeek-V3's 128 x 128; "
+                                       "a model's ``weight_block_size``) where the tensor cores cannot apply the scales "
+                                       "and the kernel rescales its partial sums on the CUDA cores (Hopper): such GEMMs "
+                                       "stream their weights at min(memory, this) "
+                                       "(``block_scaled_memory_efficiency``); 0: no such limit (GPUs with block-scaled "
+                                       "MMA, such as Blackwell, and GPUs without fp8)")
     collective_latency_us: float = Field(default=8.0, ge=0, le=1e6, description="latency per collective (all-reduce, all-to-all), us")
     request_overhead_us: float = Field(default=0.0, ge=0, le=1e7, description="time a served request spends outside "
                                        "the engine's steps before its first token reaches the client (the HTTP "
@@ -243,6 +250,10 @@ class ModelSpec(_Record):
     learned_position_embeddings: int = Field(default=0, ge=0, le=100_000_000, description="rows of a learned position table (OPT)")
     max_position_embeddings: int = Field(gt=0, le=1_000_000_000)
     checkpoint_dtype: str = "bf16"
+    weight_block_size: tuple[int, int] | None = Field(
+        default=None, description="the fp8 checkpoint's block-scale tile, rows x columns of weights sharing one scale "
+        "(``quantization_config.weight_block_size``: [128, 128] for DeepSeek-V3); None: per-tensor or per-channel "
+        "scales. Served at weight_dtype fp8, such weights run block-scaled GEMMs (``Efficiency.block_scaled_memory``)")
     published_params_total: float | None = Field(default=None, description="published total parameters")
     published_params_active: float | None = Field(default=None, description="published active parameters (MoE)")
     sources: tuple[str, ...] = Field(min_length=1)

@@ -59,3 +59,12 @@ def test_not_json(tmp_path):
     p.write_text("{nope")
     with pytest.raises(ValueError, match="not valid JSON"):
         pc.model_from_hf_config(tmp_path)
+
+
+def test_block_scaled_fp8_checkpoints_carry_their_block_size():
+    """DeepSeek-R1's config.json quantises its weights to fp8 in 128 x 128 blocks; the catalog says the same,
+    and a dense bf16 config has no block scales."""
+    ds = pc.model_from_hf_config(CONFIGS / "deepseek-ai--DeepSeek-R1.json")
+    assert ds.checkpoint_dtype == "fp8" and ds.weight_block_size == (128, 128)
+    assert pc.load_model("deepseek-v3").weight_block_size == (128, 128)
+    assert pc.model_from_hf_config(CONFIGS / "meta-llama--Llama-3.1-8B.json").weight_block_size is None

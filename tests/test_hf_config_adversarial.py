@@ -181,6 +181,12 @@ def test_nested_values_of_the_wrong_type():
     fails({**oss, "experts_per_token": True}, "experts_per_token", "got true")
     fails({**oss, "quantization_config": {"quant_method": ["mxfp4"]}}, "quantization_config.quant_method",
           "must be a string")
+    ds = load("deepseek-ai--DeepSeek-R1")
+    quant = ds["quantization_config"]
+    fails({**ds, "quantization_config": {**quant, "weight_block_size": 128}}, "quantization_config.weight_block_size",
+          "must be two integers [rows, columns], got 128")
+    fails({**ds, "quantization_config": {**quant, "weight_block_size": [128, 0]}},
+          "quantization_config.weight_block_size.1", "got 0")
 
 
 def test_qwen3_moe_layer_lists():

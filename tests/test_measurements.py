@@ -13,7 +13,7 @@ from calculator.measurements import load_measurements, predict
 # gpu: (records, median |predicted/measured - 1| bound, max bound)
 BOUNDS = {
     "h100-sxm": (21, 0.08, 0.55),
-    "h200-sxm": (22, 0.08, 0.65),
+    "h200-sxm": (22, 0.08, 0.35),
     "b200": (5, 0.18, 0.25),
     "gb200": (1, 0.25, 0.25),
     "a100-sxm-80gb": (2, 0.25, 0.40),
