@@ -14,8 +14,8 @@ from calculator.measurements import load_measurements, predict
 BOUNDS = {
     "h100-sxm": (21, 0.08, 0.55),
     "h200-sxm": (22, 0.08, 0.35),
-    "b200": (5, 0.18, 0.25),
-    "gb200": (1, 0.25, 0.25),
+    "b200": (5, 0.12, 0.16),
+    "gb200": (1, 0.10, 0.10),
     "a100-sxm-80gb": (2, 0.25, 0.40),
 }
 
