@@ -48,9 +48,14 @@ def apply_calibration(gpu: GPUSpec, calibration: Efficiency | Mapping[str, Any] 
     else:
         raise InputError("calibration", f"give an Efficiency, a mapping of its fields or a YAML path, got "
                                         f"{type(calibration).__name__}")
+    if "block_scaled_memory" not in eff.model_fields_set:
+        # a property of the GPU's tensor cores that no calibration measures unless it says so: keep the GPU's
+        eff = eff.model_copy(update={"block_scaled_memory": gpu.efficiency.block_scaled_memory})
     return gpu.model_copy(update={"efficiency": eff})
 
 
 def save_calibration(path: str | os.PathLike[str], efficiency: Efficiency, **provenance: Any) -> None:
-    body = {**provenance, "efficiency": efficiency.model_dump(exclude_none=True)}
+    # the block-scaled limit is written only where the calibration set it; otherwise the GPU's own applies
+    unset = set() if "block_scaled_memory" in efficiency.model_fields_set else {"block_scaled_memory"}
+    body = {**provenance, "efficiency": efficiency.model_dump(exclude_none=True, exclude=unset)}
     Path(path).write_text(yaml.safe_dump(body, sort_keys=False), encoding="utf-8")

@@ -299,7 +299,8 @@ def model_from_hf_config(
         qpath = _at(field, "quantization_config")
         quant = _object(outer["quantization_config"], qpath)
         dtype = _str(quant, qpath, "quant_method", _MAX_DTYPE_CHARS) or dtype
-        block_size = _block_size(quant.get("weight_block_size"), _at(qpath, "weight_block_size"))
+        if dtype == "fp8":  # fp8 block scales (DeepSeek-V3's); other methods' groups are not read here
+            block_size = _block_size(quant.get("weight_block_size"), _at(qpath, "weight_block_size"))
     try:
         return ModelSpec(
             id=_slug(str(model_id or label)), name=label, hf_repo=repo, checkpoint_dtype=dtype,

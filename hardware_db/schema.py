@@ -17,6 +17,8 @@ WeightDtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "fp4", "fp32"]
 KVDtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "fp32"]
 
 SCHEMA_VERSION = 1
+BlockSide = Annotated[int, Field(strict=True, ge=1, le=65_536)]
+"""Rows or columns of weights that share one quantisation scale."""
 Alias = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/\-]*$")]
 ALIASES_DOC = ("other names that resolve to this id, in any case (Hugging Face repo ids, common names); a name "
                "two entries share is ambiguous, and asking for it lists both")
@@ -92,8 +94,10 @@ class Efficiency(_Record):
                                        "a model's ``weight_block_size``) where the tensor cores cannot apply the scales "
                                        "and the kernel rescales its partial sums on the CUDA cores (Hopper): such GEMMs "
                                        "stream their weights at min(memory, this) "
-                                       "(``block_scaled_memory_efficiency``); 0: no such limit (GPUs with block-scaled "
-                                       "MMA, such as Blackwell, and GPUs without fp8)")
+                                       "(``block_scaled_memory_efficiency``); 0: no limit (Blackwell's tensor cores apply "
+                                       "block scales; other GPUs without a published figure, such as Ada and MI300X, "
+                                       "are taken at their ``memory``). A calibration that does not set it keeps the "
+                                       "GPU entry's value (``pdplan calibrate`` and ``validate`` fit ``memory`` only)")
     collective_latency_us: float = Field(default=8.0, ge=0, le=1e6, description="latency per collective (all-reduce, all-to-all), us")
     request_overhead_us: float = Field(default=0.0, ge=0, le=1e7, description="time a served request spends outside "
                                        "the engine's steps before its first token reaches the client (the HTTP "
@@ -102,6 +106,13 @@ class Efficiency(_Record):
                                        "(``served_ttft``); 0 in the bundled GPU defaults, which model the engine's "
                                        "steps only, and in profiles fitted on engine-only benchmarks")
     fitted_on: str | None = Field(default=None, description="which measurements the values were fitted to")
+
+    @model_validator(mode="after")
+    def _block_scaled_limit(self) -> Efficiency:
+        if 0 < self.block_scaled_memory < 0.01:
+            raise ValueError(f"block_scaled_memory {self.block_scaled_memory:g}: give 0 (no limit) or a share of "
+                             f"the HBM bandwidth of at least 0.01, as for memory")
+        return self
 
 
 class GPUSpec(_Record):
@@ -250,7 +261,7 @@ class ModelSpec(_Record):
     learned_position_embeddings: int = Field(default=0, ge=0, le=100_000_000, description="rows of a learned position table (OPT)")
     max_position_embeddings: int = Field(gt=0, le=1_000_000_000)
     checkpoint_dtype: str = "bf16"
-    weight_block_size: tuple[int, int] | None = Field(
+    weight_block_size: tuple[BlockSide, BlockSide] | None = Field(
         default=None, description="the fp8 checkpoint's block-scale tile, rows x columns of weights sharing one scale "
         "(``quantization_config.weight_block_size``: [128, 128] for DeepSeek-V3); None: per-tensor or per-channel "
         "scales. Served at weight_dtype fp8, such weights run block-scaled GEMMs (``Efficiency.block_scaled_memory``)")

@@ -68,3 +68,10 @@ def test_block_scaled_fp8_checkpoints_carry_their_block_size():
     assert ds.checkpoint_dtype == "fp8" and ds.weight_block_size == (128, 128)
     assert pc.load_model("deepseek-v3").weight_block_size == (128, 128)
     assert pc.model_from_hf_config(CONFIGS / "meta-llama--Llama-3.1-8B.json").weight_block_size is None
+    # only fp8 block scales are read; a block size must be two positive integers
+    cfg = json.loads((CONFIGS / "deepseek-ai--DeepSeek-R1.json").read_text())
+    awq = {**cfg, "quantization_config": {**cfg["quantization_config"], "quant_method": "awq"}}
+    assert pc.model_from_hf_config(awq).weight_block_size is None
+    for bad in ([True, True], [0, 128], ["128", "128"]):
+        with pytest.raises(ValueError, match="weight_block_size"):
+            type(ds).model_validate({**ds.model_dump(), "weight_block_size": bad})

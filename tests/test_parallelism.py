@@ -150,6 +150,11 @@ def test_block_scaled_fp8_weights_stream_at_the_hopper_limit():
         pc.load_gpu("b200").efficiency.memory)
     assert memory_efficiency("deepseek-v3", "h200-sxm", "moe", dp=8, ep=8, weight_dtype="fp4") == pytest.approx(0.9)
     assert memory_efficiency("llama-3.1-70b", "h200-sxm", "mlp", tp=4, weight_dtype="fp8") == pytest.approx(0.9)
+    # a calibration that does not name the limit keeps the GPU's; one that does, sets it
+    from calculator.calibration import apply_calibration
+
+    assert apply_calibration(h200, {"compute": 0.5, "memory": 0.8}).efficiency.block_scaled_memory == 0.6
+    assert apply_calibration(h200, {"memory": 0.8, "block_scaled_memory": 0.75}).efficiency.block_scaled_memory == 0.75
     # the published DeepSeek-R1 DEP8 rows on H200: +54% / +65% over-predicted with the weights at 0.9, +25% / +32% now
     from calculator.measurements import load_measurements, predict
 
