@@ -79,6 +79,7 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "r_gemv": ("r_{gemv}", "how many times faster than eta_m a linear layer of one row (a GEMV) streams its weights", "1"),
     "n_blk": ("n_{blk}", "thread blocks a decode attention kernel runs: sequences x KV heads on one GPU", "blocks"),
     "beta_blk": ("\\beta_{blk}", "KV bandwidth one decode attention thread block streams, walking one sequence's cache for one KV head", "B/s"),
+    "Q_w": ("Q_{w}", "bytes of weights among an operator group's bytes", "B"),
     "eta_bs": ("\\eta_{bs}", "memory efficiency a linear layer over block-scaled fp8 weights reaches where the tensor cores cannot apply the scales (achieved / peak HBM bandwidth)", "1"),
     "g_graph": ("g_{graph}", "share of the per-kernel launch latency a step replayed from a CUDA graph still pays", "1"),
     "o_seq": ("o_{seq}", "cost per sequence in a step (scheduling, sampling, output processing)", "s"),
@@ -656,17 +657,17 @@ decode_attention_memory_efficiency = Formula(
 )
 
 
-def _block_scaled_memory_efficiency(eta_bs: Any, eta_m: Any) -> Any:
-    return functools.reduce(numpy.minimum, [eta_bs, eta_m])
+def _block_scaled_memory_efficiency(Q: Any, Q_w: Any, eta_bs: Any, eta_m: Any) -> Any:
+    return Q/(Q_w/functools.reduce(numpy.minimum, [eta_bs, eta_m]) + (Q - Q_w)/eta_m)
 
 
 block_scaled_memory_efficiency = Formula(
     name="block_scaled_memory_efficiency",
     section="roofline and communication",
     unit="1",
-    doc="Memory efficiency of a linear layer whose fp8 weights carry fine-grained block scales (DeepSeek-V3's 128 x 128 tiles): where the tensor cores have no block-scaled MMA (Hopper), every K block's partial sums are rescaled on the CUDA cores between MMA steps, and the best such kernels stream their weights at eta_bs of the HBM peak, below what a per-tensor fp8 GEMM reaches.",
-    args=("eta_bs", "eta_m"),
-    latex="\\min\\left(\\eta_{bs}, \\eta_{m}\\right)",
+    doc="Memory efficiency of a group of linear layers whose fp8 weights carry fine-grained block scales (DeepSeek-V3's 128 x 128 tiles), over its Q bytes of which Q_w are weights: where the tensor cores have no block-scaled MMA (Hopper), every K block's partial sums are rescaled on the CUDA cores between MMA steps, and the best such kernels stream their weights at eta_bs of the HBM peak, below what a per-tensor fp8 GEMM reaches (measured where the weights are the traffic: a decode step, a short prompt); the activations move at eta_m.",
+    args=("Q", "Q_w", "eta_bs", "eta_m"),
+    latex="\\frac{Q}{\\frac{Q_{w}}{\\min\\left(\\eta_{bs}, \\eta_{m}\\right)} + \\frac{Q - Q_{w}}{\\eta_{m}}}",
     fn=_block_scaled_memory_efficiency,
     symbol_table=SYMBOL_TABLE,
 )

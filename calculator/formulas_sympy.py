@@ -96,6 +96,7 @@ n_blk = _sym("n_blk", "thread blocks a decode attention kernel runs: sequences x
              r"n_{blk}")
 beta_blk = _sym("beta_blk", "KV bandwidth one decode attention thread block streams, walking one sequence's cache "
                 "for one KV head", "B/s", r"\beta_{blk}")
+Q_w = _sym("Q_w", "bytes of weights among an operator group's bytes", "B", "Q_{w}")
 eta_bs = _sym("eta_bs", "memory efficiency a linear layer over block-scaled fp8 weights reaches where the tensor cores "
               "cannot apply the scales (achieved / peak HBM bandwidth)", "1", r"\eta_{bs}")
 g_graph = _sym("g_graph", "share of the per-kernel launch latency a step replayed from a CUDA graph still pays", "1",
@@ -350,12 +351,13 @@ decode_attention_memory_efficiency = _formula(
 )
 block_scaled_memory_efficiency = _formula(
     "block_scaled_memory_efficiency",
-    sp.Min(eta_m, eta_bs),
+    Q / (Q_w / sp.Min(eta_m, eta_bs) + (Q - Q_w) / eta_m),
     "1",
-    "Memory efficiency of a linear layer whose fp8 weights carry fine-grained block scales (DeepSeek-V3's 128 x 128 "
-    "tiles): where the tensor cores have no block-scaled MMA (Hopper), every K block's partial sums are rescaled on "
-    "the CUDA cores between MMA steps, and the best such kernels stream their weights at eta_bs of the HBM peak, "
-    "below what a per-tensor fp8 GEMM reaches.",
+    "Memory efficiency of a group of linear layers whose fp8 weights carry fine-grained block scales (DeepSeek-V3's "
+    "128 x 128 tiles), over its Q bytes of which Q_w are weights: where the tensor cores have no block-scaled MMA "
+    "(Hopper), every K block's partial sums are rescaled on the CUDA cores between MMA steps, and the best such "
+    "kernels stream their weights at eta_bs of the HBM peak, below what a per-tensor fp8 GEMM reaches (measured "
+    "where the weights are the traffic: a decode step, a short prompt); the activations move at eta_m.",
 )
 launch_latency = _formula(
     "launch_latency",

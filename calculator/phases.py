@@ -252,14 +252,15 @@ class Group:
 
 
 def _roofline(name: str, flops, bytes_, peak, kernels, setup: Setup, share: float = 1.0, tokens=None,
-              graph: bool = False, blocks=None, block_scaled: bool = False) -> Group:
+              graph: bool = False, blocks=None, weight_bytes=None) -> Group:
     """An operator group's roofline time; ``share`` scales both efficiencies (the decode attention kernel's).
     ``tokens``: the rows of a linear layer's GEMMs, whose compute efficiency rolls off below ``T_half``
     (``gemm_compute_efficiency``) and whose weights stream faster at one row where ``r_gemv`` says so
     (``gemm_memory_efficiency``); ``graph``: a decode step replayed from a CUDA graph (``launch_latency``);
     ``blocks``: the thread blocks of a decode attention kernel, whose memory efficiency they cap
-    (``decode_attention_memory_efficiency``); ``block_scaled``: a linear layer over the model's weights, which
-    stream at ``block_scaled_memory_efficiency`` where they are block-scaled fp8 on a GPU that sets a limit."""
+    (``decode_attention_memory_efficiency``); ``weight_bytes``: the share of ``bytes_`` that is a linear layer's
+    weights, which stream at ``block_scaled_memory_efficiency`` where they are block-scaled fp8 on a GPU that
+    sets a limit (the rest of the traffic at eta_m)."""
     v = setup.values
     flops = np.asarray(flops, dtype=float)
     bytes_ = np.asarray(bytes_, dtype=float)
@@ -269,8 +270,9 @@ def _roofline(name: str, flops, bytes_, peak, kernels, setup: Setup, share: floa
     eta_m = v["eta_m"]
     if tokens is not None and v["r_gemv"] != 1.0:
         eta_m = np.asarray(f.gemm_memory_efficiency(v, T=np.asarray(tokens, dtype=float)))
-    if block_scaled and v["eta_bs"] > 0:
-        eta_m = np.asarray(f.block_scaled_memory_efficiency(v, eta_m=eta_m))
+    if weight_bytes is not None and v["eta_bs"] > 0:
+        eta_m = np.asarray(f.block_scaled_memory_efficiency(v, Q=np.maximum(bytes_, 1e-30), Q_w=weight_bytes,
+                                                            eta_m=eta_m))
     eta_c, eta_m = eta_c * share, eta_m * share
     if blocks is not None and v["beta_blk"] > 0:
         # at least one block: a step with no decodes (a lone prompt's step) reads no decode KV at all
@@ -327,22 +329,24 @@ def step_groups(
     # attention projections
     io_attn = setup.io_width_attention
     n_attn = setup.attention_proj_params
+    w_attn = v["b_w"] * n_attn / tp
     groups.append(_roofline(
         "attention_proj",
         f.gemm_flops(v, N_lin=n_attn / tp, T=T),
-        v["b_w"] * n_attn / tp + f.gemm_activation_bytes(v, T=T, X_io=io_attn),
-        gemm_peak, KERNELS_PER_LAYER["attention_proj"] * L, setup, tokens=T, graph=graph, block_scaled=True,
+        w_attn + f.gemm_activation_bytes(v, T=T, X_io=io_attn),
+        gemm_peak, KERNELS_PER_LAYER["attention_proj"] * L, setup, tokens=T, graph=graph, weight_bytes=w_attn,
     ))
 
     # dense MLP layers
     dense_layers = L - m.num_moe_layers
     if dense_layers:
         n_mlp = setup.dense_mlp_params
+        w_mlp = v["b_w"] * n_mlp / tp
         groups.append(_roofline(
             "mlp",
             f.gemm_flops(v, N_lin=n_mlp / tp, T=T),
-            v["b_w"] * n_mlp / tp + f.gemm_activation_bytes(v, T=T, X_io=setup.io_width_mlp * dense_layers),
-            gemm_peak, KERNELS_PER_LAYER["mlp"] * dense_layers, setup, tokens=T, graph=graph, block_scaled=True,
+            w_mlp + f.gemm_activation_bytes(v, T=T, X_io=setup.io_width_mlp * dense_layers),
+            gemm_peak, KERNELS_PER_LAYER["mlp"] * dense_layers, setup, tokens=T, graph=graph, weight_bytes=w_mlp,
         ))
 
     # MoE layers: k routed + shared experts per token; weights of the distinct experts touched
@@ -353,12 +357,12 @@ def step_groups(
         imbalance = setup.expert_imbalance if setup.ep > 1 else 1.0
         routed = m.moe.experts_per_token * setup.expert_params_each * imbalance
         touched = f.expected_experts_touched(v, T=T * setup.dp)
+        w_moe = v["b_w"] * (touched * setup.expert_params_each * Lm / setup.dp + setup.moe_fixed_params) / tp
         groups.append(_roofline(
             "moe",
             f.gemm_flops(v, N_lin=(routed * Lm + setup.moe_fixed_params) / tp, T=T),
-            v["b_w"] * (touched * setup.expert_params_each * Lm / setup.dp + setup.moe_fixed_params) / tp
-            + f.gemm_activation_bytes(v, T=T, X_io=setup.io_width_moe * Lm),
-            gemm_peak, KERNELS_PER_LAYER["moe"] * Lm, setup, tokens=T, graph=graph, block_scaled=True,
+            w_moe + f.gemm_activation_bytes(v, T=T, X_io=setup.io_width_moe * Lm),
+            gemm_peak, KERNELS_PER_LAYER["moe"] * Lm, setup, tokens=T, graph=graph, weight_bytes=w_moe,
         ))
 
     # LM head: last position of each request only; logits in fp32
@@ -455,7 +459,7 @@ def _mla_context_up_projection(setup: Setup, cached_tokens: np.ndarray) -> list[
         "mla_up_projection",
         f.gemm_flops(v, N_lin=mla.kv_lora_rank * expanded * m.num_layers, T=T),
         f.gemm_activation_bytes(v, T=T, X_io=(mla.kv_lora_rank + mla.qk_rope_head_dim + expanded) * m.num_layers),
-        setup.gemm_rate_flops_per_s, m.num_layers * (cached_tokens > 0), setup, tokens=T, block_scaled=True,
+        setup.gemm_rate_flops_per_s, m.num_layers * (cached_tokens > 0), setup, tokens=T,
     )]
 
 

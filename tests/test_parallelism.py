@@ -130,23 +130,38 @@ def test_fp4_weights_on_hopper_run_at_the_16_bit_rate():
 
 def test_block_scaled_fp8_weights_stream_at_the_hopper_limit():
     """DeepSeek-V3's fp8 weights carry 128 x 128 block scales, which Hopper's tensor cores cannot apply:
-    its linear layers stream at min(eta_m, 0.6) of the HBM bandwidth (DeepGEMM's masked grouped GEMM on
-    H800: 2.05 TB/s of 3.35). Per-tensor fp8 (Llama), 16-bit weights and Blackwell stay at eta_m."""
+    its linear layers stream their weights at min(eta_m, 0.6) of the HBM bandwidth (DeepGEMM's masked grouped
+    GEMM on H800: 2.05 TB/s of 3.35), their activations at eta_m. Per-tensor fp8 (Llama), other weight
+    dtypes and Blackwell stay at eta_m."""
     from calculator.phases import setup_for, step_groups
 
-    def memory_efficiency(model, gpu, group, **kw):
-        s = setup_for(pc.load_model(model), pc.load_gpu(gpu), **kw)
-        g = next(x for x in step_groups(s, S=1, P=2000, b=64, phase="decode") if x.name == group)
+    def group(model, gpu, name, S=1, P=2000, b=64, phase="decode", **kw):
+        s = setup_for(pc.load_model(model), pc.load_gpu(gpu) if isinstance(gpu, str) else gpu, **kw)
+        return s, next(x for x in step_groups(s, S=S, P=P, b=b, phase=phase) if x.name == name)
+
+    def memory_efficiency(model, gpu, name, **kw):
+        s, g = group(model, gpu, name, **kw)
         return float(g.bytes) / float(g.memory_s) / s.gpu.hbm_bytes_per_s
 
     h200 = pc.load_gpu("h200-sxm")
     assert h200.efficiency.memory == 0.9 and h200.efficiency.block_scaled_memory == 0.6
-    for group in ("attention_proj", "mlp", "moe"):
-        assert memory_efficiency("deepseek-v3", "h200-sxm", group, dp=8, ep=8, weight_dtype="fp8") == pytest.approx(0.6)
+    unlimited = h200.model_copy(update={"efficiency": h200.efficiency.model_copy(update={"block_scaled_memory": 0.0})})
+    dep = {"dp": 8, "ep": 8, "weight_dtype": "fp8"}
+    # the attention projections' weights by hand: their bytes at 1/0.6 - 1/0.9 more seconds per byte
+    s, limited = group("deepseek-v3", h200, "attention_proj", **dep)
+    _, plain = group("deepseek-v3", unlimited, "attention_proj", **dep)
+    weights = s.attention_proj_params * 1.0  # fp8, tp 1 (each attention-DP rank holds them all)
+    assert float(limited.memory_s - plain.memory_s) == pytest.approx(
+        weights * (1 / 0.6 - 1 / 0.9) / h200.hbm_bytes_per_s, rel=1e-9)
+    # a decode step's traffic is nearly all weights; a 16,000-token prefill's MoE traffic is mostly activations
+    for name in ("attention_proj", "mlp", "moe"):
+        assert memory_efficiency("deepseek-v3", "h200-sxm", name, **dep) == pytest.approx(0.6, rel=0.03)
+    assert memory_efficiency("deepseek-v3", "h200-sxm", "moe", S=1000, P=0, b=16, phase="prefill", tp=8,
+                             weight_dtype="fp8") > 0.75
     # the LM head stays bf16 in the checkpoint; attention reads the KV cache, not weights
-    for group in ("lm_head", "attention"):
-        assert memory_efficiency("deepseek-v3", "h200-sxm", group, dp=8, ep=8, weight_dtype="fp8") == pytest.approx(0.9)
-    assert memory_efficiency("deepseek-v3", "b200", "moe", dp=8, ep=8, weight_dtype="fp8") == pytest.approx(
+    for name in ("lm_head", "attention"):
+        assert memory_efficiency("deepseek-v3", "h200-sxm", name, **dep) == pytest.approx(0.9)
+    assert memory_efficiency("deepseek-v3", "b200", "moe", **dep) == pytest.approx(
         pc.load_gpu("b200").efficiency.memory)
     assert memory_efficiency("deepseek-v3", "h200-sxm", "moe", dp=8, ep=8, weight_dtype="fp4") == pytest.approx(0.9)
     assert memory_efficiency("llama-3.1-70b", "h200-sxm", "mlp", tp=4, weight_dtype="fp8") == pytest.approx(0.9)
