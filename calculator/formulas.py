@@ -122,6 +122,9 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "e_2": ("e_{2}", "second moment of the prefill step in progress at an arrival (E[T^3] / E[T])", "s^2"),
     "tau_p": ("\\tau_{p}", "prefill step time per mean prompt it holds (slope of T(b) = T_0 + tau b)", "s"),
     "cv2_isl": ("c_{\\ell}^2", "squared coefficient of variation of the prompt length", "1"),
+    "k_1": ("k_{1}", "mean of the full steps a prompt waits beyond the next one: K = floor((L + A) / b_max), L the prompts left over from the step in progress, A those that arrived in it before this one", "steps"),
+    "k_2": ("k_{2}", "second moment of K (k_1)", "steps^2"),
+    "T_full": ("T_{full}", "a full prefill step, of the budget's worth of prompts", "s"),
     "TPOT": ("TPOT", "time per output token", "s"),
     "N_c": ("N_{c}", "requests a closed-loop client keeps in flight (its concurrency)", "requests"),
     "X_c": ("X", "requests completed per second", "1/s"),
@@ -1034,33 +1037,33 @@ prefill_step_batch = Formula(
 )
 
 
-def _bulk_wait_mean(c_srv: Any, e_1: Any, m: Any) -> Any:
-    return e_1*(m + 1/2)/c_srv
+def _bulk_wait_mean(T_full: Any, c_srv: Any, e_1: Any, k_1: Any, m: Any) -> Any:
+    return (T_full*k_1 + e_1*(m + 1/2))/c_srv
 
 
 bulk_wait_mean = Formula(
     name="bulk_wait_mean",
     section="queueing and serving",
     unit="s",
-    doc="Mean of U t + tau S over c servers for an arrival that finds every prefill instance busy: the rest U t of the step in progress t (U uniform) and what the prompts S that arrived during it add to its own step (Poisson, lambda t prompts, m = lambda tau).",
-    args=("c_srv", "e_1", "m"),
-    latex="\\frac{e_{1} \\left(m + \\frac{1}{2}\\right)}{c}",
+    doc="Mean of U t + tau S + K T_full over c servers for an arrival that finds every prefill instance busy: the rest U t of the step in progress t (U uniform), what the prompts S that arrived during it add to its own step (Poisson, lambda t prompts, m = lambda tau), and the K full steps it waits when the prompts ahead of it fill the next step's budget (the backlog near capacity).",
+    args=("T_full", "c_srv", "e_1", "k_1", "m"),
+    latex="\\frac{T_{full} k_{1} + e_{1} \\left(m + \\frac{1}{2}\\right)}{c}",
     fn=_bulk_wait_mean,
     symbol_table=SYMBOL_TABLE,
 )
 
 
-def _bulk_wait_variance(c_srv: Any, cv2_isl: Any, e_1: Any, e_2: Any, m: Any, tau_p: Any) -> Any:
-    return (tau_p*e_1*m*(cv2_isl + 1) - e_1**2*(m + 1/2)**2 + e_2*m**2 + e_2*m + (1/3)*e_2)/c_srv**2
+def _bulk_wait_variance(T_full: Any, c_srv: Any, cv2_isl: Any, e_1: Any, e_2: Any, k_1: Any, k_2: Any, m: Any, tau_p: Any) -> Any:
+    return (T_full**2*(-k_1**2 + k_2) + tau_p*e_1*m*(cv2_isl + 1) - e_1**2*(m + 1/2)**2 + e_2*m**2 + e_2*m + (1/3)*e_2)/c_srv**2
 
 
 bulk_wait_variance = Formula(
     name="bulk_wait_variance",
     section="queueing and serving",
     unit="s^2",
-    doc="Variance of U t + tau S over c servers (bulk_wait_mean): E[(Ut)^2] = e_2/3, S given t compound Poisson (variance tau m t (1 + cv^2), m the mean prompts per prompt's share of a step), Cov(Ut, tau S) = m Var(t) / 2.",
-    args=("c_srv", "cv2_isl", "e_1", "e_2", "m", "tau_p"),
-    latex="\\frac{\\tau_{p} e_{1} m \\left(c_{\\ell}^2 + 1\\right) - e_{1}^{2} \\left(m + \\frac{1}{2}\\right)^{2} + e_{2} m^{2} + e_{2} m + \\frac{e_{2}}{3}}{c^{2}}",
+    doc="Variance of U t + tau S + K T_full over c servers (bulk_wait_mean): E[(Ut)^2] = e_2/3, S given t compound Poisson (variance tau m t (1 + cv^2), m the mean prompts per prompt's share of a step), Cov(Ut, tau S) = m Var(t) / 2, and K's own variance (its covariance with the step in progress left out).",
+    args=("T_full", "c_srv", "cv2_isl", "e_1", "e_2", "k_1", "k_2", "m", "tau_p"),
+    latex="\\frac{T_{full}^{2} \\left(- k_{1}^{2} + k_{2}\\right) + \\tau_{p} e_{1} m \\left(c_{\\ell}^2 + 1\\right) - e_{1}^{2} \\left(m + \\frac{1}{2}\\right)^{2} + e_{2} m^{2} + e_{2} m + \\frac{e_{2}}{3}}{c^{2}}",
     fn=_bulk_wait_variance,
     symbol_table=SYMBOL_TABLE,
 )

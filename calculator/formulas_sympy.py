@@ -541,21 +541,28 @@ e1_st = _sym("e_1", "mean of the prefill step in progress at an arrival (length-
 e2_st = _sym("e_2", "second moment of the prefill step in progress at an arrival (E[T^3] / E[T])", "s^2", "e_{2}")
 tau_p = _sym("tau_p", "prefill step time per mean prompt it holds (slope of T(b) = T_0 + tau b)", "s", r"\tau_{p}")
 cv2_l = _sym("cv2_isl", "squared coefficient of variation of the prompt length", "1", r"c_{\ell}^2")
+k1_bl = _sym("k_1", "mean of the full steps a prompt waits beyond the next one: K = floor((L + A) / b_max), L the "
+              "prompts left over from the step in progress, A those that arrived in it before this one", "steps",
+              "k_{1}")
+k2_bl = _sym("k_2", "second moment of K (k_1)", "steps^2", "k_{2}")
+T_full_st = _sym("T_full", "a full prefill step, of the budget's worth of prompts", "s", r"T_{full}")
 bulk_wait_mean = _formula(
     "bulk_wait_mean",
-    e1_st * (sp.Rational(1, 2) + m_br) / n_srv,
+    (e1_st * (sp.Rational(1, 2) + m_br) + k1_bl * T_full_st) / n_srv,
     "s",
-    "Mean of U t + tau S over c servers for an arrival that finds every prefill instance busy: the rest U t of the "
-    "step in progress t (U uniform) and what the prompts S that arrived during it add to its own step "
-    "(Poisson, lambda t prompts, m = lambda tau).",
+    "Mean of U t + tau S + K T_full over c servers for an arrival that finds every prefill instance busy: the rest "
+    "U t of the step in progress t (U uniform), what the prompts S that arrived during it add to its own step "
+    "(Poisson, lambda t prompts, m = lambda tau), and the K full steps it waits when the prompts ahead of it fill "
+    "the next step's budget (the backlog near capacity).",
 )
 bulk_wait_variance = _formula(
     "bulk_wait_variance",
     (e2_st / 3 + tau_p * m_br * (1 + cv2_l) * e1_st + m_br**2 * e2_st + m_br * e2_st
-     - (e1_st * (sp.Rational(1, 2) + m_br)) ** 2) / n_srv**2,
+     - (e1_st * (sp.Rational(1, 2) + m_br)) ** 2 + (k2_bl - k1_bl**2) * T_full_st**2) / n_srv**2,
     "s^2",
-    "Variance of U t + tau S over c servers (bulk_wait_mean): E[(Ut)^2] = e_2/3, S given t compound Poisson "
-    "(variance tau m t (1 + cv^2), m the mean prompts per prompt's share of a step), Cov(Ut, tau S) = m Var(t) / 2.",
+    "Variance of U t + tau S + K T_full over c servers (bulk_wait_mean): E[(Ut)^2] = e_2/3, S given t compound "
+    "Poisson (variance tau m t (1 + cv^2), m the mean prompts per prompt's share of a step), Cov(Ut, tau S) = "
+    "m Var(t) / 2, and K's own variance (its covariance with the step in progress left out).",
 )
 mixed_tpot = _formula(
     "mixed_tpot",

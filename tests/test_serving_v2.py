@@ -255,6 +255,32 @@ def test_bulk_prefill_pool_against_its_simulation():
     assert 55.6 > batch1_capacity and busy[0] < 1  # stable past the batch-1 capacity
 
 
+def test_bulk_prefill_near_capacity_waits_behind_the_backlog():
+    """Near the pool's capacity (13 prompts of 600 tokens a step, 63.1 req/s) a prompt often finds more than a
+    step's worth ahead of it and waits whole steps (``_backlog_steps``). Without them the p50 / p90 at 0.95 of
+    capacity were 189 / 375 ms against 254 / 693 ms simulated (3 seeds of 20,000 prompts, medians), at 0.98
+    230 / 415 ms against 489 / 1,355."""
+    from calculator.serving.disaggregated import _step_line, prefill_wait
+    from calculator.serving.simulate import Requests, run_prefill_pool
+
+    m = pc.load_model("llama-3.1-8b")
+    w = pc.Workload(rate=1, isl={"mean": 600, "cv": 0.5}, osl=250)
+    pre = PoolModel.build(m, pc.Pool(gpu="h100-sxm"), w)
+    most, t1, tau = _step_line(pre, w, 8192)
+    capacity = most / (t1 + tau * (most - 1))
+    assert most == 13 and capacity == pytest.approx(63.1, abs=0.1)
+    for share, rel50, rel90 in ((0.9, 0.1, 0.2), (0.95, 0.1, 0.3)):
+        rate = share * capacity
+        sims = []
+        for seed in (0, 1, 2):
+            r = Requests.draw(w.model_copy(update={"rate": rate}), rate, 20_000, seed)
+            end, _ = run_prefill_pool(pre, 1, r.arrivals, r.isl - r.cached, r.cached, 8192)
+            sims.append(np.percentile((end - r.arrivals)[r.measured], [50, 90]))
+        sim50, sim90 = np.median(sims, axis=0)
+        _, q, busy, _ = prefill_wait(pre, w, np.array([rate]), 1, 8192, [0.5, 0.9])
+        assert q[0, 0] == pytest.approx(sim50, rel=rel50) and q[0, 1] == pytest.approx(sim90, rel=rel90)
+
+
 def test_prefill_step_chain_against_the_simulated_steps():
     # the chain of batches (a queue followed past the token budget) against the simulated pool's own
     # steps: the mean batch and the length-biased moments of the step in progress. Lumping a queue
