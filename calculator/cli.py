@@ -599,7 +599,8 @@ def estimate(
     out.print(pairs_table(head, [*lines, ("weights per GPU", _gb(e.weights_bytes_per_gpu)),
                                  ("KV of the batch", _gb(e.kv_cache_bytes)), ("max batch that fits", f"{e.max_batch:,}")]))
     if rows and e.rows:
-        out.table("operator groups (they add up to the phase times)", [
+        out.table("operator groups and each step's fixed overhead (they add up to the prefill step and the "
+                  "decode step)", [
             Column("phase", left=True), Column("group", left=True), Column("GFLOP", drop=2), Column("MB", drop=3),
             Column("FLOP/B", drop=4), Column("bound", drop=1, left=True), Column("time"),
             Column("formula", drop=5, left=True),

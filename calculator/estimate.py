@@ -22,7 +22,8 @@ from .errors import InputError
 from .kv_cache import kv_bytes_per_gpu, kv_bytes_per_token, kv_cache_bytes
 from .limits import MAX_BATCH, MAX_EXPERT_PARALLEL, MAX_PARALLEL, MAX_TOKENS
 from .params import embedding_params, param_count, routed_expert_params
-from .phases import DEFAULT_EXPERT_IMBALANCE, Group, Setup, phase_bound, setup_for, step_groups, step_time_s
+from .phases import (DEFAULT_EXPERT_IMBALANCE, Group, Setup, phase_bound, setup_for, step_groups, step_overhead_s,
+                     step_time_s)
 from .precision import EMBEDDING_BYTES, GEMM_RATE, KV_DTYPES, WEIGHT_DTYPES, wide_bytes
 from .speculation import Speculation, draft_setup, speculative_groups
 
@@ -40,7 +41,9 @@ class _Out(BaseModel):
 
 
 class OpRow(_Out):
-    """One operator group of one phase; the rows of a phase add up to its time."""
+    """One operator group of one phase, or the step's fixed overhead (group ``step_overhead``); the rows of a
+    phase add up to its step: ``prefill_s``, and the decode step at the mean context (``tpot_s``; with
+    speculative decoding ``tpot_s`` x ``spec_tokens_per_step``)."""
 
     phase: Literal["prefill", "decode"]
     group: str
@@ -115,7 +118,8 @@ class Estimate(_Out):
     rows: tuple[OpRow, ...] = ()
 
 
-def _rows(phase: Literal["prefill", "decode"], groups: list[Group]) -> list[OpRow]:
+def _rows(phase: Literal["prefill", "decode"], groups: list[Group], overhead_s: float) -> list[OpRow]:
+    """The operator groups of one step and its fixed overhead: together the step's time."""
     rows = []
     for gr in groups:
         fl, by, bound = float(gr.flops), float(gr.bytes), gr.bound.item()
@@ -124,6 +128,8 @@ def _rows(phase: Literal["prefill", "decode"], groups: list[Group]) -> list[OpRo
             arithmetic_intensity=None if bound == "communication" or by == 0 else fl / by,
             bound=bound, time_s=float(gr.time_s), formula=gr.formula,
         ))
+    rows.append(OpRow(phase=phase, group="step_overhead", flops=0.0, bytes=0.0, arithmetic_intensity=None,
+                      bound="latency", time_s=overhead_s, formula="step_overhead_time"))
     return rows
 
 
@@ -276,6 +282,7 @@ def estimate(
         dec = speculative_groups(setup, spec, micro_batch, contexts)
         dec_times = step_time_s(dec, setup) / spec.tokens_per_step
     first, mean, last = (float(x) for x in dec_times)
+    overhead = step_overhead_s(setup)
     ttft_s = float(f.served_ttft(T_eng=prefill_s, t_req=setup.gpu.efficiency.request_overhead_us * 1e-6))
     dec_mean = [gr.at(1) for gr in dec]  # the step at the mean context
     return Estimate(
@@ -284,7 +291,7 @@ def estimate(
         output_tokens_per_s=batch / mean,
         prefill_bound=phase_bound(pre, setup).item(), decode_bound=phase_bound(dec_mean, setup).item(),
         prefill_intensity_flops_per_byte=_intensity(pre), decode_intensity_flops_per_byte=_intensity(dec_mean),
-        rows=tuple(_rows("prefill", pre) + _rows("decode", dec_mean)) if rows else (),
+        rows=tuple(_rows("prefill", pre, overhead) + _rows("decode", dec_mean, overhead)) if rows else (),
         **common,
     )
 

@@ -82,6 +82,7 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "Q_w": ("Q_{w}", "bytes of weights among an operator group's bytes", "B"),
     "eta_bs": ("\\eta_{bs}", "memory efficiency a linear layer over block-scaled fp8 weights reaches where the tensor cores cannot apply the scales (achieved / peak HBM bandwidth)", "1"),
     "g_graph": ("g_{graph}", "share of the per-kernel launch latency a step replayed from a CUDA graph still pays", "1"),
+    "o_step": ("o_{step}", "fixed cost per forward step (scheduling, sampling, launch)", "s"),
     "o_seq": ("o_{seq}", "cost per sequence in a step (scheduling, sampling, output processing)", "s"),
     "n_seq": ("n_{seq}", "sequences in a step (decoding ones and prompt pieces)", "1"),
     "alpha": ("\\alpha", "latency per collective", "s"),
@@ -688,6 +689,22 @@ launch_latency = Formula(
     args=("g_graph", "tau_k"),
     latex="\\tau_{k} g_{graph}",
     fn=_launch_latency,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _step_overhead_time(o_step: Any) -> Any:
+    return o_step
+
+
+step_overhead_time = Formula(
+    name="step_overhead_time",
+    section="roofline and communication",
+    unit="s",
+    doc="The fixed part of every forward step, whatever it computes: the engine's scheduling, sampling and launch work between steps (a GPU entry's step_overhead_us); a step's time is its operator groups plus this.",
+    args=("o_step",),
+    latex="o_{step}",
+    fn=_step_overhead_time,
     symbol_table=SYMBOL_TABLE,
 )
 
@@ -1377,6 +1394,7 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     decode_attention_memory_efficiency,
     block_scaled_memory_efficiency,
     launch_latency,
+    step_overhead_time,
     sequence_overhead_time,
     arithmetic_intensity,
     ring_allreduce_time,

@@ -101,6 +101,7 @@ eta_bs = _sym("eta_bs", "memory efficiency a linear layer over block-scaled fp8 
               "cannot apply the scales (achieved / peak HBM bandwidth)", "1", r"\eta_{bs}")
 g_graph = _sym("g_graph", "share of the per-kernel launch latency a step replayed from a CUDA graph still pays", "1",
                r"g_{graph}")
+o_step = _sym("o_step", "fixed cost per forward step (scheduling, sampling, launch)", "s", r"o_{step}")
 o_seq = _sym("o_seq", "cost per sequence in a step (scheduling, sampling, output processing)", "s", r"o_{seq}")
 n_seq = _sym("n_seq", "sequences in a step (decoding ones and prompt pieces)", "1", r"n_{seq}")
 alpha = _sym("alpha", "latency per collective", "s", r"\alpha")
@@ -365,6 +366,13 @@ launch_latency = _formula(
     "s",
     "Latency a step pays per kernel: tau_k launched one by one (g = 1), or the share g of it that remains when the "
     "engine replays the step from a captured CUDA graph (decode steps in vLLM, SGLang and TensorRT-LLM).",
+)
+step_overhead_time = _formula(
+    "step_overhead_time",
+    o_step,
+    "s",
+    "The fixed part of every forward step, whatever it computes: the engine's scheduling, sampling and launch "
+    "work between steps (a GPU entry's step_overhead_us); a step's time is its operator groups plus this.",
 )
 sequence_overhead_time = _formula(
     "sequence_overhead_time",

@@ -510,7 +510,12 @@ def _communication(setup: Setup, T: np.ndarray) -> list[Group]:
 def step_time_s(groups: list[Group], setup: Setup) -> np.ndarray:
     """Sum of the groups plus the fixed per-step overhead (scheduling, sampling, launch)."""
     total = sum(gr.time_s for gr in groups)
-    return np.asarray(total, dtype=float) + setup.gpu.efficiency.step_overhead_us * 1e-6
+    return np.asarray(total, dtype=float) + step_overhead_s(setup)
+
+
+def step_overhead_s(setup: Setup) -> float:
+    """The fixed cost of one forward step (``step_overhead_time``), s."""
+    return float(f.step_overhead_time(o_step=setup.gpu.efficiency.step_overhead_us * 1e-6))
 
 
 PHASE_BOUNDS = ("compute", "memory", "communication", "latency")

@@ -27,8 +27,16 @@ def test_rows_add_up_to_the_headline():
     overhead = g.efficiency.step_overhead_us * 1e-6
     pre = sum(r.time_s for r in e.rows if r.phase == "prefill")
     dec = sum(r.time_s for r in e.rows if r.phase == "decode")
-    assert e.prefill_s == pytest.approx(pre + overhead)
-    assert e.tpot_s == pytest.approx(dec + overhead)
+    assert e.prefill_s == pytest.approx(pre) and e.tpot_s == pytest.approx(dec)
+    # the step's fixed overhead is a row of its own, in each phase
+    for phase in ("prefill", "decode"):
+        row = next(r for r in e.rows if r.phase == phase and r.group == "step_overhead")
+        assert row.time_s == pytest.approx(overhead) and row.formula == "step_overhead_time" and row.bound == "latency"
+    # with speculative decoding the decode rows make one step, which emits tokens_per_step tokens
+    spec = pc.Speculation(kind="mtp", tokens=1, acceptance=0.8)
+    s = pc.estimate("deepseek-v3", "h200-sxm", tp=8, isl=2000, osl=200, batch=8, weight_dtype="fp8", spec=spec)
+    step = sum(r.time_s for r in s.rows if r.phase == "decode")
+    assert s.tpot_s * s.spec_tokens_per_step == pytest.approx(step)
     assert {r.group for r in e.rows} >= {"attention_proj", "moe", "lm_head", "attention", "tp_allreduce"}
 
 

@@ -22,7 +22,7 @@ def test_a_speculative_decode_step_is_a_verify_step_plus_the_drafts_over_the_tok
     spec = Speculation(kind="eagle", tokens=3, acceptance=0.7)
     e = pc.estimate("llama-3.1-70b", "h100-sxm", tp=4, batch=8, spec=spec, **W)
     rows = [r for r in e.rows if r.phase == "decode"]
-    step = sum(r.time_s for r in rows) + pc.load_gpu("h100-sxm").efficiency.step_overhead_us * 1e-6
+    step = sum(r.time_s for r in rows)  # the operator groups and the step's fixed overhead
     assert e.tpot_s == pytest.approx(step / spec.tokens_per_step, rel=1e-9)
     assert e.spec_tokens_per_step == pytest.approx(spec.tokens_per_step)
     draft = next(r for r in rows if r.group == "draft")
