@@ -637,6 +637,35 @@ def _workload_and_slo(p: dict[str, Any], slo_required: bool = True) -> dict[str,
     return {"workload": workload, "slo": slo}
 
 
+MAX_LIST_ITEMS = 16
+"""Most values a comma-separated option takes (the request models bound them further)."""
+
+
+def _int_list(name: str, text: str) -> list[int]:
+    """A comma-separated option of whole numbers ("none": an empty list), checked by the request model."""
+    from .errors import InputError
+
+    if text.strip().lower() in ("none", ""):
+        return []
+    parts = text.split(",")
+    if len(parts) > MAX_LIST_ITEMS or not all(x.strip().isdigit() and len(x.strip()) <= 6 for x in parts):
+        raise InputError(name, f"cannot read {text[:60]!r} as whole numbers separated by commas, e.g. 4,8")
+    return [int(x) for x in parts]
+
+
+def _speculation(text: str) -> dict[str, Any]:
+    """``--spec KIND:TOKENS:ACCEPTANCE[:DRAFT_MODEL]`` as the fields of a ``Speculation`` (checked by it)."""
+    from .errors import InputError
+
+    parts = text.split(":")
+    if not 3 <= len(parts) <= 4:
+        raise InputError("spec", f"cannot read {text[:60]!r} as KIND:TOKENS:ACCEPTANCE[:DRAFT_MODEL], e.g. mtp:1:0.85")
+    out: dict[str, Any] = {"kind": parts[0], "tokens": parts[1], "acceptance": parts[2]}
+    if len(parts) == 4:
+        out["draft_model"] = parts[3]
+    return out
+
+
 def _plan_request(p: dict[str, Any]) -> Any:
     """The ``PlanRequest`` of ``pdplan plan``'s parameters (also the base of ``sweep plan``)."""
     from . import service as s
@@ -645,6 +674,13 @@ def _plan_request(p: dict[str, Any]) -> Any:
             "modes": p["mode"] or None, "objective": p["objective"], "weight_dtype": p["weight_dtype"],
             "kv_dtype": p["kv_dtype"], "whole_nodes": p["whole_nodes"], "scheduler": p["scheduler"],
             "engine": p.get("engine") or "generic"}
+    for name in ("tps", "dps", "cps", "chunk_sizes"):
+        if p.get(name) is not None:
+            body[name] = _int_list(name, p[name])
+    if p.get("kv_link") is not None:
+        body["kv_link"] = p["kv_link"]
+    if p.get("spec") is not None:
+        body["spec"] = _speculation(p["spec"])
     eff = _calibration(p.get("calibration"))
     if eff is not None:
         body["calibration"] = eff
@@ -795,6 +831,17 @@ def plan(
                                                   "sglang, trtllm, dynamo, or k8s (manifests)")] = None,
     model_path: Annotated[str | None, typer.Option(help="with --emit: what the engine loads (default: the model's "
                                                         "Hugging Face repo)")] = None,
+    tps: Annotated[str | None, typer.Option(help="tensor-parallel degrees to search, e.g. 4,8 (default 1,2,4,8)")] = None,
+    dps: Annotated[str | None, typer.Option(help="attention data-parallel degrees to search for mixture-of-experts "
+                                                 "models, e.g. 8,16 (default 8,16,32; none: no attention-DP)")] = None,
+    cps: Annotated[str | None, typer.Option(help="context-parallel degrees for prompts of 32k tokens or more, e.g. "
+                                                 "2,4 (default 2,4,8; none: no context parallelism)")] = None,
+    chunk_sizes: Annotated[str | None, typer.Option(help="chunked mode's token budgets to search, e.g. 512,2048")] = None,
+    kv_link: Annotated[str, typer.Option(help="disaggregated KV transfer over scaleout (NIC) or scaleup links")
+                       ] = "scaleout",
+    spec: Annotated[str | None, typer.Option(help="speculative decoding to try on every pool that decodes: "
+                                                  "KIND:TOKENS:ACCEPTANCE[:DRAFT_MODEL], e.g. mtp:1:0.85, "
+                                                  "eagle:3:0.7 or draft:4:0.7:llama-3.2-1b")] = None,
     as_json: JsonOpt = False,
     csv: CsvOpt = None,
     plot: PlotOpt = None,

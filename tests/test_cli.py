@@ -73,6 +73,28 @@ def test_infeasible_plan_exits_1_with_json_too():
     assert body["plan"]["feasible"] is False and body["plan"]["nearest_feasible_slo"]["tpot_s"] > 0.001
 
 
+def test_plan_takes_the_search_options_of_the_api():
+    """--tps, --dps, --cps, --chunk-sizes, --kv-link and --spec reach the PlanRequest as REST's fields do."""
+    args = ["plan", "deepseek-v3", "--rate", "20", "--isl", "2000", "--osl", "500", "--ttft", "2s", "--tpot", "25ms",
+            "--gpu", "h200-sxm", "--weight-dtype", "fp8", "--kv-dtype", "fp8", "--tps", "8", "--dps", "8,16",
+            "--chunk-sizes", "512,2048", "--kv-link", "scaleup", "--spec", "mtp:1:0.85", "--json"]
+    body = json.loads(_ok(*args))
+    want = pc.plan("deepseek-v3", pc.Workload(rate=20, isl=2000, osl=500), pc.SLO(ttft_s=2.0, tpot_s=0.025),
+                   gpus=["h200-sxm"], weight_dtype="fp8", kv_dtype="fp8", tps=[8], dps=[8, 16], chunk_sizes=[512, 2048],
+                   kv_link="scaleup", spec=pc.Speculation(kind="mtp", tokens=1, acceptance=0.85))
+    assert body["plan"]["best"]["num_gpus"] == want.best.num_gpus and body["plan"]["searched"] == want.searched
+    assert body["plan"]["best"]["deployment"] == want.best.deployment.model_dump(mode="json")
+    assert all(p.tp == 8 or p.dp in (8, 16) for c in want.candidates for p in c.deployment.pools)
+    assert any(p.spec is not None for c in want.candidates for p in c.deployment.pools)
+    # "none": no attention-DP at all
+    none = json.loads(_ok("plan", "deepseek-v3", "--rate", "20", "--ttft", "2s", "--tpot", "50ms", "--gpu", "h200-sxm",
+                          "--weight-dtype", "fp8", "--dps", "none", "--json"))
+    without = pc.plan("deepseek-v3", pc.Workload(rate=20, isl=1024, osl=256), pc.SLO(ttft_s=2.0, tpot_s=0.05),
+                      gpus=["h200-sxm"], weight_dtype="fp8", dps=[])
+    assert none["plan"]["searched"] == without.searched
+    assert all(p.dp == 1 for c in without.candidates for p in c.deployment.pools)
+
+
 def test_plan_length_spread_is_a_mean_and_cv():
     body = json.loads(_ok("plan", "llama-3.1-8b", "--rate", "2", "--isl", "2000", "--isl-cv", "0.5", "--osl", "300",
                           "--ttft", "2s", "--tpot", "50ms", "--gpu", "h100-sxm", "--json"))
@@ -87,6 +109,11 @@ def test_plan_length_spread_is_a_mean_and_cv():
     (["estimate", "llama-3.1-8b", "h100-sxm", "--isl", "-5"], "isl: Input should be greater than or equal to 1"),
     (["kv", "llama-3.1-8b", "--kv-dtype", "fp3"], "kv_dtype: "),
     (["plan", "llama-3.1-8b", "--rate", "1", "--ttft", "2x", "--tpot", "50ms"], "ttft: cannot read '2x'"),
+    (["plan", "llama-3.1-8b", "--rate", "1", "--ttft", "2s", "--tpot", "50ms", "--tps", "3,x"], "tps: cannot read '3,x'"),
+    (["plan", "llama-3.1-8b", "--rate", "1", "--ttft", "2s", "--tpot", "50ms", "--tps", "3"], "tps.0: Input should be"),
+    (["plan", "llama-3.1-8b", "--rate", "1", "--ttft", "2s", "--tpot", "50ms", "--spec", "mtp:1"], "spec: cannot read"),
+    (["plan", "llama-3.1-8b", "--rate", "1", "--ttft", "2s", "--tpot", "50ms", "--spec", "mtp:x:0.8"], "spec.tokens: "),
+    (["plan", "llama-3.1-8b", "--rate", "1", "--ttft", "2s", "--tpot", "50ms", "--kv-link", "nic"], "kv_link: "),
     (["estimate", "/nonexistent/config.json", "h100-sxm"], "model: /nonexistent/config.json: no such file"),
     (["estimate", "llama-3.1-8b"], "Missing argument 'gpu'. (see root estimate --help)"),
     (["kv", "llama-3.1-8b", "--tokens", "many"], "Invalid value for '--tokens': "),
