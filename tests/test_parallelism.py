@@ -170,7 +170,7 @@ def test_block_scaled_fp8_weights_stream_at_the_hopper_limit():
 
     assert apply_calibration(h200, {"compute": 0.5, "memory": 0.8}).efficiency.block_scaled_memory == 0.6
     assert apply_calibration(h200, {"memory": 0.8, "block_scaled_memory": 0.75}).efficiency.block_scaled_memory == 0.75
-    # the published DeepSeek-R1 DEP8 rows on H200: +54% / +65% over-predicted with the weights at 0.9, +25% / +32% now
+    # the published DeepSeek-R1 DEP8 rows on H200: +54% / +65% over-predicted with the weights at 0.9, +26% / +33% now
     from calculator.measurements import load_measurements, predict
 
     rows = [m for m in load_measurements() if m.gpu == "h200-sxm" and m.dp > 1]
