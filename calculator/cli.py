@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import inspect
 import json
+import math
 import os
 import re
 import sys
@@ -637,20 +638,16 @@ def _workload_and_slo(p: dict[str, Any], slo_required: bool = True) -> dict[str,
     return {"workload": workload, "slo": slo}
 
 
-MAX_LIST_ITEMS = 16
-"""Most values a comma-separated option takes (the request models bound them further)."""
-
-
 def _int_list(name: str, text: str) -> list[int]:
     """A comma-separated option of whole numbers ("none": an empty list), checked by the request model."""
     from .errors import InputError
 
     if text.strip().lower() in ("none", ""):
         return []
-    parts = text.split(",")
-    if len(parts) > MAX_LIST_ITEMS or not all(x.strip().isdigit() and len(x.strip()) <= 6 for x in parts):
+    numbers = _parse_values(text, name)
+    if not all(math.isfinite(x) and x == int(x) for x in numbers):
         raise InputError(name, f"cannot read {text[:60]!r} as whole numbers separated by commas, e.g. 4,8")
-    return [int(x) for x in parts]
+    return [int(x) for x in numbers]
 
 
 def _speculation(text: str) -> dict[str, Any]:
@@ -1065,7 +1062,8 @@ def _take_outputs(args: list[str]) -> tuple[list[str], dict[str, Any]]:
     return rest, found
 
 
-def _parse_values(text: str) -> list[float]:
+def _parse_values(text: str, name: str = "values") -> list[float]:
+    """Numbers separated by commas (``--values``, and the search lists of ``plan``)."""
     from .errors import InputError
 
     try:
@@ -1073,7 +1071,7 @@ def _parse_values(text: str) -> list[float]:
     except ValueError:
         numbers = []
     if not numbers:
-        raise InputError("values", f"cannot read {text!r} as numbers separated by commas (e.g. 1,8,64)")
+        raise InputError(name, f"cannot read {text[:60]!r} as numbers separated by commas (e.g. 1,8,64)")
     return numbers
 
 

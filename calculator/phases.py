@@ -524,7 +524,7 @@ PHASE_BOUNDS = ("compute", "memory", "communication", "latency")
 def phase_bound(groups: list[Group], setup: Setup) -> np.ndarray:
     """Which of compute, memory, communication or fixed latency takes most of the step's time."""
     compute = memory = communication = 0.0
-    latency = setup.gpu.efficiency.step_overhead_us * 1e-6
+    latency = step_overhead_s(setup)
     for gr in groups:
         if gr.communication:
             communication = communication + gr.time_s
