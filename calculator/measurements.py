@@ -31,7 +31,10 @@ NVIDIA/TensorRT-LLM docs/source/blogs/Best_perf_practice_on_DeepSeek-R1_in_Tenso
 rows these predict (docs/source/developer-guide/perf-overview.md@03e27c7d) set no batch: trtllm-bench chose it
 (its ``calc_engine_setting`` from the KV memory), with ``attention_dp_config.enable_balance`` (context requests
 batched across the ranks, so the ranks prefill in the same steps, as ``offline_throughput`` takes them). The
-recipes' caps stand in for that choice."""
+recipes' caps stand in for that choice: which cap that heuristic gives depends on the trtllm-bench build
+(before TensorRT-LLM PRs 13498 and 16707 it sized MLA's KV cache with the multi-head formula and the whole
+instance's memory: 384 a rank for the H200 1000/1000 row, 64 for 1024/8192; after them 896 and 192), and
+the page does not name its build (README, "Error of the bundled defaults")."""
 
 _METRICS = {"max_output_throughput_total", "max_output_throughput_per_gpu", "output_throughput_per_gpu",
             "first_token_latency"}
