@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hardware_db.schema import Efficiency, GPUSpec, ModelSpec
 
 from . import budget
+from .calibration import efficiency_body
 from .arguments import gpu_spec, model_spec
 from .benchfiles import BenchPoint, read_benchmark_files
 from .errors import InputError
@@ -241,6 +242,9 @@ def calibrate(model: str | ModelSpec, gpu: str | GPUSpec, runs: Iterable[BenchPo
         held_errs = None
     eff = fitted.efficiency.model_copy(update={"fitted_on": f"{len(points)} serving benchmark runs of {m.id} on "
                                                             f"{g.id} tp{tp}"})
+    # the fit leaves the block-scaled fp8 limit as it found it: a property of the GPU's tensor cores, so the
+    # calibration does not carry the fitting GPU's (applied to another GPU, that GPU's own holds)
+    eff = Efficiency.model_validate(eff.model_dump(exclude={"block_scaled_memory"}))
     return CalibrationFit(
         model=m.id, gpu=g.id, tp=tp, weight_dtype=weight_dtype, scheduler="chunked" if chunk_tokens else scheduler,
         efficiency=eff, fitted=FITTED, runs=fits, median_abs_error=float(np.median(errs)),
@@ -262,7 +266,7 @@ def calibration_yaml(fit: CalibrationFit) -> str:
             "max_abs_error": round(fit.max_abs_error, 4),
             "held_out_median_abs_error": None if fit.held_out_median_abs_error is None
             else round(fit.held_out_median_abs_error, 4),
-            "efficiency": fit.efficiency.model_dump(exclude_none=True)}
+            "efficiency": efficiency_body(fit.efficiency)}
     return yaml.safe_dump(body, sort_keys=False)
 
 

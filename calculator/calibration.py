@@ -54,8 +54,13 @@ def apply_calibration(gpu: GPUSpec, calibration: Efficiency | Mapping[str, Any] 
     return gpu.model_copy(update={"efficiency": eff})
 
 
-def save_calibration(path: str | os.PathLike[str], efficiency: Efficiency, **provenance: Any) -> None:
-    # the block-scaled limit is written only where the calibration set it; otherwise the GPU's own applies
+def efficiency_body(efficiency: Efficiency) -> dict[str, Any]:
+    """A calibration's ``efficiency`` mapping as written to YAML: the block-scaled limit only where the
+    calibration set it (otherwise the GPU it is applied to keeps its own, ``apply_calibration``)."""
     unset = set() if "block_scaled_memory" in efficiency.model_fields_set else {"block_scaled_memory"}
-    body = {**provenance, "efficiency": efficiency.model_dump(exclude_none=True, exclude=unset)}
+    return efficiency.model_dump(exclude_none=True, exclude=unset)
+
+
+def save_calibration(path: str | os.PathLike[str], efficiency: Efficiency, **provenance: Any) -> None:
+    body = {**provenance, "efficiency": efficiency_body(efficiency)}
     Path(path).write_text(yaml.safe_dump(body, sort_keys=False), encoding="utf-8")

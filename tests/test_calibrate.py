@@ -162,6 +162,14 @@ def test_cli_writes_a_profile_that_evaluate_and_plan_take(tmp_path: Path) -> Non
     r = runner.invoke(app, ["plan", "llama-3.1-8b", "--rate", "4", "--ttft", "2s", "--tpot", "50ms", "--gpu", "h100-sxm",
                             "--calibration", str(cal), "--json"])
     assert r.exit_code == 0, r.output
+    # the fit does not carry the H100's block-scaled fp8 limit (0.6, a property of Hopper's tensor cores) to the
+    # file: applied to a B200 the profile leaves it unlimited, applied to an H200 that GPU's 0.6 holds (a file
+    # written with the H100's 0.6 slowed DeepSeek-V3's B200 MoE decode row from 5.5 to 8.3 ms)
+    assert "block_scaled_memory" not in body["efficiency"]
+    from calculator.calibration import apply_calibration
+
+    assert apply_calibration(pc.load_gpu("b200"), cal).efficiency.block_scaled_memory == 0.0
+    assert apply_calibration(pc.load_gpu("h200-sxm"), cal).efficiency.block_scaled_memory == 0.6
     # a file that is not a benchmark: exit 2, the file and the reason named
     bad = tmp_path / "notes.json"
     bad.write_text('{"hello": 1}')
