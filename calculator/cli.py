@@ -192,7 +192,7 @@ def _report(message: str | None, e: BaseException) -> None:
             traceback.print_exception(e, file=sys.stderr)
         text = _one_line(message)
         head = "" if text.startswith("internal error:") else "error: "
-        Console(stderr=True, width=PIPE_WIDTH).print(f"[bold red]{head}[/]{escape(text)}", highlight=False,
+        Console(stderr=True, width=PIPE_WIDTH, emoji=False).print(f"[bold red]{head}[/]{escape(text)}", highlight=False,
                                                      soft_wrap=True)
     except Exception:  # noqa: BLE001, S110 - stderr itself is gone; the exit status still says what happened
         pass
@@ -389,7 +389,7 @@ class _Outputs:
         if self.table:
             out.print(escape(text), highlight=False)
         else:
-            Console(stderr=True, width=PIPE_WIDTH).print(escape(text), highlight=False, soft_wrap=True)
+            Console(stderr=True, width=PIPE_WIDTH, emoji=False).print(escape(text), highlight=False, soft_wrap=True)
 
     def write(self, response: BaseModel, rows: Callable[[], tuple[list[str], list[list[Any]]]],
               draw: Callable[[Path], None]) -> None:
@@ -838,7 +838,7 @@ def plan(
                        ] = "scaleout",
     spec: Annotated[str | None, typer.Option(help="speculative decoding to try on every pool that decodes: "
                                                   "KIND:TOKENS:ACCEPTANCE[:DRAFT_MODEL], e.g. mtp:1:0.85, "
-                                                  "eagle:3:0.7 or draft:4:0.7:llama-3.2-1b")] = None,
+                                                  "eagle:3:0.7 or draft:4:0.7:llama-3.1-8b")] = None,
     as_json: JsonOpt = False,
     csv: CsvOpt = None,
     plot: PlotOpt = None,
@@ -1182,7 +1182,7 @@ class _ProgressBar:
             TimeRemainingColumn,
         )
 
-        console = console or Console(stderr=True)
+        console = console or Console(stderr=True, emoji=False)
         self.shown = console.is_terminal
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                                  TimeElapsedColumn(), TextColumn("elapsed,"), TimeRemainingColumn(), TextColumn("left"),

@@ -35,7 +35,7 @@ def console_width() -> int | None:
 
 def stdout_console() -> Console:
     """A console on the current ``sys.stdout`` (resolved at print time, so a test's capture works)."""
-    return Console(width=console_width())
+    return Console(width=console_width(), emoji=False)  # user text such as "my:x:model" stays as typed
 
 
 @dataclass(frozen=True)

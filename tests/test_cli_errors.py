@@ -314,3 +314,12 @@ def test_a_pool_layout_error_names_the_pool_field():
                 "--prefill", "h200-sxm:tp8", "--decode", "h200-sxm:dp8:ep4", "--weight-dtype", "fp8")
     assert r.exit_code == 2
     assert "deployment.decode.ep: with attention data-parallelism" in r.output
+
+
+def test_user_text_in_an_error_is_echoed_as_typed():
+    """Rich reads ``:x:`` as an emoji code: an unknown model id ``my:x:model`` must come back as typed, not as
+    ``my❌model`` (every console the CLI prints to has emoji off)."""
+    r = _invoke("estimate", "my:x:model", "h100-sxm")
+    assert r.exit_code == 2 and "'my:x:model'" in r.output and "\u274c" not in r.output
+    r = _invoke("plan", "llama-3.1-8b", "--rate", "4", "--ttft", "1s", "--tpot", "50ms", "--gpu", "h100:fire:sxm")
+    assert r.exit_code == 2 and "h100:fire:sxm" in r.output
