@@ -358,6 +358,7 @@ def _spec_fields(cfg: Mapping[str, Any], path: str, family: str) -> tuple[dict[s
         return num(f"moe.{spec_field}", key, default, MoESpec)
 
     if family in ("deepseek_v3", "kimi_k2"):
+        spec["mtp_layers"] = num("mtp_layers", "num_nextn_predict_layers", 0)
         spec["mla"] = {  # the config keys are the MLASpec field names
             "q_lora_rank": mla("q_lora_rank", 0), "kv_lora_rank": mla("kv_lora_rank"),
             "qk_nope_head_dim": mla("qk_nope_head_dim"), "qk_rope_head_dim": mla("qk_rope_head_dim"),

@@ -72,6 +72,9 @@ def draft_model_spec(target: ModelSpec, spec: Speculation) -> ModelSpec:
             raise InputError("spec.draft_model", f"{d.id}'s vocabulary ({d.vocab_size:,}) differs from {target.id}'s "
                                                  f"({target.vocab_size:,}): a draft must share the tokenizer")
         return d
+    if spec.kind == "mtp" and target.mtp_layers == 0:
+        raise InputError("spec.kind", f"{target.id} has no multi-token-prediction layer (its config.json has no "
+                                      "num_nextn_predict_layers); use eagle or draft")
     one = {"num_layers": 1, "num_sliding_layers": 0, "sliding_window": None, "id": f"{target.id}-{spec.kind}"}
     if spec.kind == "mtp" and target.moe is not None:
         return target.model_copy(update={**one, "moe": target.moe.model_copy(update={"num_dense_layers": 0})})

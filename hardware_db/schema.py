@@ -265,6 +265,9 @@ class ModelSpec(_Record):
         default=None, description="the fp8 checkpoint's block-scale tile, rows x columns of weights sharing one scale "
         "(``quantization_config.weight_block_size``: [128, 128] for DeepSeek-V3); None: per-tensor or per-channel "
         "scales. Served at weight_dtype fp8, such weights run block-scaled GEMMs (``Efficiency.block_scaled_memory``)")
+    mtp_layers: int = Field(
+        default=0, ge=0, le=8, description="multi-token-prediction layers the checkpoint carries (config.json "
+        "``num_nextn_predict_layers``: 1 for DeepSeek-V3/R1, 0 for Kimi-K2); speculative decoding of kind mtp needs one")
     published_params_total: float | None = Field(default=None, description="published total parameters")
     published_params_active: float | None = Field(default=None, description="published active parameters (MoE)")
     sources: tuple[str, ...] = Field(min_length=1)

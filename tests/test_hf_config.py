@@ -75,3 +75,22 @@ def test_block_scaled_fp8_checkpoints_carry_their_block_size():
     for bad in ([True, True], [0, 128], ["128", "128"]):
         with pytest.raises(ValueError, match="weight_block_size"):
             type(ds).model_validate({**ds.model_dump(), "weight_block_size": bad})
+
+
+def test_multi_token_prediction_layers_are_read_from_the_config():
+    """DeepSeek-R1's config.json carries one multi-token-prediction layer (num_nextn_predict_layers 1), as the
+    catalog's DeepSeek-V3 does; Kimi-K2 (same architecture) and dense models carry none, and speculative decoding
+    of kind mtp on them is refused, naming spec.kind (vLLM would find no MTP weights to load)."""
+    assert pc.model_from_hf_config(CONFIGS / "deepseek-ai--DeepSeek-R1.json").mtp_layers == 1
+    assert pc.load_model("deepseek-v3").mtp_layers == 1 and pc.load_model("kimi-k2").mtp_layers == 0
+    assert pc.model_from_hf_config(CONFIGS / "meta-llama--Llama-3.1-8B.json").mtp_layers == 0
+    cfg = json.loads((CONFIGS / "deepseek-ai--DeepSeek-R1.json").read_text())
+    with pytest.raises(pc.InputError, match="num_nextn_predict_layers"):
+        pc.model_from_hf_config({**cfg, "num_nextn_predict_layers": -1})
+    mtp = {"kind": "mtp", "tokens": 1, "acceptance": 0.85}
+    with pytest.raises(pc.InputError, match=r"spec\.kind: llama-3\.1-70b has no multi-token-prediction layer"):
+        pc.estimate("llama-3.1-70b", "h100-sxm", tp=4, spec=mtp)
+    with pytest.raises(pc.InputError, match=r"spec\.kind"):
+        pc.plan("kimi-k2", {"rate": 4, "isl": 1000, "osl": 200}, {"ttft_s": 2, "tpot_s": 0.05}, gpus=["b200"],
+                weight_dtype="fp8", spec=mtp)
+    assert pc.estimate("deepseek-v3", "h200-sxm", tp=8, weight_dtype="fp8", spec=mtp).spec_tokens_per_step > 1

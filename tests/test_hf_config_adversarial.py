@@ -187,6 +187,8 @@ def test_nested_values_of_the_wrong_type():
           "must be two integers [rows, columns], got 128")
     fails({**ds, "quantization_config": {**quant, "weight_block_size": [128, 0]}},
           "quantization_config.weight_block_size.1", "got 0")
+    fails({**ds, "num_nextn_predict_layers": "1"}, "num_nextn_predict_layers", "integer")
+    fails({**ds, "num_nextn_predict_layers": 99}, "num_nextn_predict_layers", "99")
 
 
 def test_qwen3_moe_layer_lists():
