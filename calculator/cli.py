@@ -593,7 +593,10 @@ def estimate(
     head = (f"{e.model} on {e.num_gpus} x {e.gpu} ({layout}), isl={e.isl} osl={e.osl} batch={e.batch}, "
             f"{e.weight_dtype} weights, {e.kv_dtype} KV; efficiencies: {e.engine}")
     lines = [("fits", f"[red]no[/]: {escape(e.reason or '')}")] if not e.fits else [
-        ("TTFT (prefill)", f"{_ms(e.ttft_s)}  ({e.prefill_bound}-bound)"),
+        ("TTFT (prefill)", f"{_ms(e.ttft_s)}  ({e.prefill_bound}-bound)" if e.ttft_s == e.prefill_s else
+         # an engine profile's request path (served_ttft) is outside the step: say so, the rows add up to the step
+         f"{_ms(e.ttft_s)}  (prefill step {_ms(e.prefill_s)}, {e.prefill_bound}-bound, + request path "
+         f"{_ms(e.ttft_s - e.prefill_s)})"),
         ("TPOT (decode step)", f"{_ms(e.tpot_s)}  ({e.decode_bound}-bound)"),
         ("E2E = TTFT + (osl-1) TPOT", f"{e.e2e_s:,.3f} s"),
         ("output tokens/s", f"{e.output_tokens_per_s:,.0f}")]
@@ -638,16 +641,24 @@ def _workload_and_slo(p: dict[str, Any], slo_required: bool = True) -> dict[str,
     return {"workload": workload, "slo": slo}
 
 
+_MAY_BE_NONE = ("dps", "cps")
+"""The search lists an empty list turns off (attention-DP, context parallelism); the others need a value."""
+
+
 def _int_list(name: str, text: str) -> list[int]:
-    """A comma-separated option of whole numbers ("none": an empty list), checked by the request model."""
+    """A comma-separated option of whole numbers written as digits ("none": an empty list, for the options of
+    _MAY_BE_NONE), checked by the request model; the error names the option (``--chunk-sizes``)."""
     from .errors import InputError
 
+    option = "--" + name.replace("_", "-")
     if text.strip().lower() in ("none", ""):
-        return []
-    numbers = _parse_values(text, name)
-    if not all(math.isfinite(x) and x == int(x) for x in numbers):
-        raise InputError(name, f"cannot read {text[:60]!r} as whole numbers separated by commas, e.g. 4,8")
-    return [int(x) for x in numbers]
+        if name in _MAY_BE_NONE:
+            return []
+        raise InputError(option, "needs at least one value (only --dps and --cps take none)")
+    items = text.replace(" ", "").split(",")
+    if not all(item.isdigit() for item in items):  # no empty items (4,,8), no 1e0 or 4.0
+        raise InputError(option, f"cannot read {text[:60]!r} as whole numbers separated by commas, e.g. 4,8")
+    return [int(item) for item in items]
 
 
 def _speculation(text: str) -> dict[str, Any]:

@@ -49,6 +49,12 @@ def test_estimate_table_and_json_agree_with_python():
     assert body["estimate"]["tpot_s"] == pytest.approx(py.tpot_s, rel=1e-12)
     text = _ok("estimate", "llama-3.1-70b", "h200-sxm", "--tp", "4", "--isl", "4000", "--osl", "500")
     assert f"{py.tpot_s * 1e3:,.2f} ms" in text and "attention_proj" in text
+    # with an engine profile's request path the TTFT line names the step (which the rows add up to) and the path
+    served = pc.estimate("llama-3.1-8b", "h100-sxm", isl=600, engine="vllm-0.11")
+    text = _ok("estimate", "llama-3.1-8b", "h100-sxm", "--isl", "600", "--engine", "vllm-0.11")
+    assert served.ttft_s - served.prefill_s > 0.01
+    assert (f"{served.ttft_s * 1e3:,.2f} ms  (prefill step {served.prefill_s * 1e3:,.2f} ms" in text
+            and f"+ request path {(served.ttft_s - served.prefill_s) * 1e3:,.2f} ms)" in text)
 
 
 def test_plan_prints_the_explanation_and_json():
@@ -109,7 +115,11 @@ def test_plan_length_spread_is_a_mean_and_cv():
     (["estimate", "llama-3.1-8b", "h100-sxm", "--isl", "-5"], "isl: Input should be greater than or equal to 1"),
     (["kv", "llama-3.1-8b", "--kv-dtype", "fp3"], "kv_dtype: "),
     (["plan", "llama-3.1-8b", "--rate", "1", "--ttft", "2x", "--tpot", "50ms"], "ttft: cannot read '2x'"),
-    (["plan", "llama-3.1-8b", "--rate", "1", "--ttft", "2s", "--tpot", "50ms", "--tps", "3,x"], "tps: cannot read '3,x'"),
+    (["plan", "llama-3.1-8b", "--rate", "1", "--ttft", "2s", "--tpot", "50ms", "--tps", "3,x"], "--tps: cannot read '3,x'"),
+    (["plan", "llama-3.1-8b", "--rate", "1", "--ttft", "2s", "--tpot", "50ms", "--tps", "4,,8"], "--tps: cannot read '4,,8'"),
+    (["plan", "llama-3.1-8b", "--rate", "1", "--ttft", "2s", "--tpot", "50ms", "--tps", "1e0"], "--tps: cannot read '1e0'"),
+    (["plan", "llama-3.1-8b", "--rate", "1", "--ttft", "2s", "--tpot", "50ms", "--chunk-sizes", "none"],
+     "--chunk-sizes: needs at least one value (only --dps and --cps take none)"),
     (["plan", "llama-3.1-8b", "--rate", "1", "--ttft", "2s", "--tpot", "50ms", "--tps", "3"], "tps.0: Input should be"),
     (["plan", "llama-3.1-8b", "--rate", "1", "--ttft", "2s", "--tpot", "50ms", "--spec", "mtp:1"], "spec: cannot read"),
     (["plan", "llama-3.1-8b", "--rate", "1", "--ttft", "2s", "--tpot", "50ms", "--spec", "mtp:x:0.8"], "spec.tokens: "),
