@@ -20,7 +20,9 @@ CPU-installable packages are present; CI installs both), so a flag that an engin
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import shlex
 from typing import Literal
 
@@ -28,9 +30,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hardware_db.schema import ModelSpec
 
-from .arguments import choice, model_spec
+from .arguments import choice, integer, model_spec
 from .errors import InputError
 from .serving.base import Deployment, Pool
+from .serving.workload import Length, Workload
 
 Engine = Literal["vllm", "sglang", "trtllm", "dynamo", "k8s"]
 ENGINES: tuple[Engine, ...] = ("vllm", "sglang", "trtllm", "dynamo", "k8s")
@@ -76,25 +79,45 @@ class Launch(BaseModel):
     notes: tuple[str, ...] = ()
 
 
+LONGEST_QUANTILE = 0.9999
+"""Where a length is a (mean, cv) distribution, the quantile taken as its longest (``workload_max_model_len``)."""
+
+
+def workload_max_model_len(m: ModelSpec, w: Workload) -> int:
+    """The longest prompt plus output ``w`` sends, as an engine's ``max_model_len``: the longest samples, a fixed
+    length, or a (mean, cv) length's LONGEST_QUANTILE, rounded up; at most the model's context window."""
+    def longest(x: Length) -> float:
+        return x.longest_tokens if x.samples is not None or x.cv == 0 else x.quantile(LONGEST_QUANTILE)
+
+    return int(min(math.ceil(longest(w.isl) + longest(w.osl)), m.max_position_embeddings))
+
+
 def to_launch(model: str | ModelSpec, deployment: Deployment, engine: str, model_path: str | None = None,
-              port: int = 8000) -> Launch:
+              port: int = 8000, max_model_len: int | None = None) -> Launch:
     """The commands that run ``deployment`` of ``model`` on ``engine`` (``vllm``, ``sglang``, ``trtllm``,
     ``dynamo``; ``k8s``: vLLM's commands as Kubernetes manifests).
 
     ``model_path`` is what the engine loads (a Hugging Face repo id or a local folder); by default the
     model's ``hf_repo``. Each pool's instances listen on ``port`` (the prefill pool on ``port``, the
-    decode pool on ``port + 1``, the router on ``port + 2``) on their own hosts.
+    decode pool on ``port + 1``, the router on ``port + 2``) on their own hosts. ``max_model_len``: the
+    longest prompt plus output to serve (``workload_max_model_len`` of the plan's workload; by default the
+    model's context window). vLLM with chunked prefill off refuses a token budget below it, so where it
+    exceeds the deployment's budget the vLLM commands raise the budget to it and say so.
     """
     m = model_spec(model)
     engine = choice("engine", engine, ENGINES)
     if not isinstance(deployment, Deployment):
         raise InputError("deployment", f"give a Deployment, got {type(deployment).__name__}")
+    if max_model_len is not None:
+        max_model_len = integer("max_model_len", max_model_len, 1, m.max_position_embeddings)
     if engine == "k8s":
-        return _k8s(to_launch(m, deployment, "vllm", model_path, port))
+        return _k8s(to_launch(m, deployment, "vllm", model_path, port, max_model_len))
     path = model_path or m.hf_repo or m.id
     notes: list[str] = []
     files: dict[str, str] = {}
     build = {"vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm, "dynamo": _dynamo}[engine]
+    if engine in ("vllm", "dynamo"):
+        build = functools.partial(build, max_model_len=max_model_len or m.max_position_embeddings)
     if deployment.mode == "disaggregated":
         assert deployment.prefill is not None and deployment.decode is not None
         pools = (build(m, path, deployment, deployment.prefill, "prefill", port, notes, files),
@@ -138,17 +161,17 @@ def _precision(m: ModelSpec, pool: Pool, where: str, notes: list[str], engine: s
 
 
 def _vllm(m: ModelSpec, path: str, d: Deployment, pool: Pool, role: str, port: int, notes: list[str],
-          files: dict[str, str]) -> PoolLaunch:
-    argv = ["vllm", "serve", path, "--port", str(port), *_vllm_engine_args(m, d, pool, role, notes)]
+          files: dict[str, str], max_model_len: int) -> PoolLaunch:
+    argv = ["vllm", "serve", path, "--port", str(port), *_vllm_engine_args(m, d, pool, role, notes, max_model_len)]
     return PoolLaunch(role=role, replicas=pool.instances, gpus_per_replica=pool.num_gpus // pool.instances, argv=tuple(argv),  # type: ignore[arg-type]
                       command=shlex.join(argv), port=port)
 
 
 def _dynamo(m: ModelSpec, path: str, d: Deployment, pool: Pool, role: str, port: int, notes: list[str],
-            files: dict[str, str]) -> PoolLaunch:
+            files: dict[str, str], max_model_len: int) -> PoolLaunch:
     """A Dynamo vLLM worker: vLLM's engine flags (Dynamo hands them to vLLM's own parser) and, in a
     disaggregated deployment, the worker's role; the frontend on ``port + 2`` serves HTTP and routes."""
-    argv = ["python", "-m", "dynamo.vllm", "--model", path, *_vllm_engine_args(m, d, pool, role, notes)]
+    argv = ["python", "-m", "dynamo.vllm", "--model", path, *_vllm_engine_args(m, d, pool, role, notes, max_model_len)]
     if role != "serve":
         argv += ["--disaggregation-mode", role]
     notes.append("Dynamo's components find each other through its discovery service (etcd and NATS, or its "
@@ -157,13 +180,14 @@ def _dynamo(m: ModelSpec, path: str, d: Deployment, pool: Pool, role: str, port:
                       command=shlex.join(argv), port=port)
 
 
-def _vllm_engine_args(m: ModelSpec, d: Deployment, pool: Pool, role: str, notes: list[str]) -> list[str]:
+def _vllm_engine_args(m: ModelSpec, d: Deployment, pool: Pool, role: str, notes: list[str],
+                      max_model_len: int) -> list[str]:
     """vLLM's engine flags for one pool (what ``vllm serve`` and a Dynamo vLLM worker both take)."""
     where = f"deployment.{'pool' if role == 'serve' else role}"
     if d.mode == "mixed" and d.scheduler == "prefill_first":
         raise InputError("deployment.scheduler", "vLLM V1 puts new prompts into the running decodes' step (pdplan's "
                          "'hybrid'); 'prefill_first' is vLLM V0's behaviour, which 0.8+ cannot be set to")
-    argv = ["--tensor-parallel-size", str(pool.tp),
+    argv = ["--tensor-parallel-size", str(pool.tp), "--max-model-len", str(max_model_len),
             "--gpu-memory-utilization", str(GPU_MEMORY_UTILISATION), "--max-num-seqs", str(pool.max_batch)]
     if pool.pp > 1:
         argv += ["--pipeline-parallel-size", str(pool.pp)]
@@ -179,7 +203,14 @@ def _vllm_engine_args(m: ModelSpec, d: Deployment, pool: Pool, role: str, notes:
     elif role == "decode":
         argv += ["--max-num-batched-tokens", str(d.max_batched_tokens)]
     else:  # hybrid steps with whole prompts: no chunking, the step's token budget
-        argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(d.max_batched_tokens)]
+        # vLLM refuses chunking off with a budget below max_model_len (a prompt must fit one step)
+        budget = max(d.max_batched_tokens, max_model_len)
+        if budget > d.max_batched_tokens:
+            notes.append(f"vLLM needs a token budget of at least max_model_len ({max_model_len:,}) with chunked prefill "
+                         f"off: the {role} command raises it from the planned {d.max_batched_tokens:,}, so more whole "
+                         "prompts may share a step than planned; pass the workload's longest prompt plus output "
+                         "(max_model_len) to keep it")
+        argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(budget)]
     if pool.spec is not None:
         argv += ["--speculative-config", json.dumps(_vllm_spec(pool, where), separators=(",", ":"))]
     if role != "serve":

@@ -28,7 +28,7 @@ from .estimate import Estimate, estimate
 from .formulas import FORMULAS
 from .hf_config import model_from_hf_config
 from .kv_cache import kv_bytes_per_gpu, kv_bytes_per_token, kv_cache_bytes
-from .launch import Engine, Launch, to_launch
+from .launch import Engine, Launch, to_launch, workload_max_model_len
 from .limits import (
     MAX_BATCH,
     MAX_CHUNK_BUDGETS,
@@ -348,7 +348,9 @@ def run_plan(req: PlanRequest) -> PlanResponse:
              calibration=req.calibration, engine=req.engine)
     launch = None
     if req.emit is not None and p.best is not None:
-        launch = to_launch(resolve_model(req.model), p.best.deployment, req.emit, model_path=req.model_path)
+        m = resolve_model(req.model)
+        launch = to_launch(m, p.best.deployment, req.emit, model_path=req.model_path,
+                           max_model_len=workload_max_model_len(m, p.workload))
     return PlanResponse(plan=p, explanation=p.explain(), launch=launch)
 
 

@@ -9,6 +9,7 @@ sets ``PDPLAN_REQUIRE_ENGINE=1``, so there the check runs rather than skips.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 
@@ -17,7 +18,7 @@ from conftest import engine_python
 
 import calculator as pc
 from calculator.errors import InputError
-from calculator.launch import to_launch
+from calculator.launch import to_launch, workload_max_model_len
 
 REQUIRE = os.environ.get("PDPLAN_REQUIRE_ENGINE") == "1"
 
@@ -42,12 +43,18 @@ def _deployments() -> dict[str, pc.Deployment]:
 
 def test_vllm_commands_carry_the_deployment() -> None:
     d = _deployments()
-    mixed = to_launch("llama-3.1-70b", d["mixed"], "vllm")
+    mixed = to_launch("llama-3.1-70b", d["mixed"], "vllm", max_model_len=4500)
     (pool,) = mixed.pools
     assert pool.argv[:3] == ("vllm", "serve", pc.load_model("llama-3.1-70b").hf_repo)
     assert _flag(pool.argv, "--tensor-parallel-size") == "4" and _flag(pool.argv, "--max-num-seqs") == "96"
     assert _flag(pool.argv, "--quantization") == "fp8" and _flag(pool.argv, "--kv-cache-dtype") == "fp8"
     assert "--no-enable-chunked-prefill" in pool.argv and _flag(pool.argv, "--max-num-batched-tokens") == "8192"
+    assert _flag(pool.argv, "--max-model-len") == "4500" and not any("token budget" in n for n in mixed.notes)
+    # without the workload's longest request, the model's context window: the budget rises to it, and a note says so
+    whole = to_launch("llama-3.1-70b", d["mixed"], "vllm")
+    assert _flag(whole.pools[0].argv, "--max-model-len") == "131072"
+    assert _flag(whole.pools[0].argv, "--max-num-batched-tokens") == "131072"
+    assert any("raises it from the planned 8,192" in n for n in whole.notes)
     assert pool.replicas == 3 and pool.gpus_per_replica == 4 and mixed.router is None
     chunked = to_launch("llama-3.1-70b", d["chunked"], "vllm").pools[0].argv
     assert "--enable-chunked-prefill" in chunked and _flag(chunked, "--max-num-batched-tokens") == "512"
@@ -61,6 +68,33 @@ def test_vllm_commands_carry_the_deployment() -> None:
     assert json.loads(_flag(dep, "--speculative-config")) == {"method": "mtp", "num_speculative_tokens": 2}
     # the checkpoint is fp8 already: no on-the-fly quantisation flag
     assert "--quantization" not in dep or pc.load_model("deepseek-v3").checkpoint_dtype != "fp8"
+
+
+def test_vllm_gets_a_token_budget_it_accepts_with_chunking_off() -> None:
+    """vLLM's SchedulerConfig refuses chunked prefill off with --max-num-batched-tokens below --max-model-len
+    (a prompt must fit one step); without --max-model-len it takes the model's context window (131,072 for
+    Llama-3.1), so the commands once failed at start. Every vLLM and Dynamo command now passes both, in that
+    order, and a plan passes its workload's longest prompt plus output."""
+    for name, dep in _deployments().items():
+        model = "deepseek-v3" if name == "dep" else "llama-3.1-70b"
+        for engine in ("vllm", "dynamo"):
+            for cap in (None, 4500, 100_000):
+                for p in to_launch(model, dep, engine, max_model_len=cap).pools:
+                    if "--no-enable-chunked-prefill" in p.argv:
+                        assert int(_flag(p.argv, "--max-num-batched-tokens")) >= int(_flag(p.argv, "--max-model-len"))
+    w = pc.Workload(rate=4, isl={"mean": 2000, "cv": 0.5}, osl=[100, 300, 700])
+    longest = workload_max_model_len(pc.load_model("llama-3.1-8b"), w)
+    assert longest == math.ceil(w.isl.quantile(0.9999) + 700) and 2000 * 3 < longest < 131072
+    assert workload_max_model_len(pc.load_model("llama-3.1-8b"), pc.Workload(rate=1, isl=1024, osl=256)) == 1280
+    from typer.testing import CliRunner
+
+    from calculator.cli import app
+
+    r = CliRunner().invoke(app, ["plan", "llama-3.1-70b", "--rate", "5", "--ttft", "2s", "--tpot", "50ms",
+                                 "--gpu", "h100-sxm", "--emit", "vllm"])
+    assert r.exit_code == 0 and "--max-model-len 1280" in r.output, r.output
+    with pytest.raises(pc.InputError, match="max_model_len"):
+        to_launch("llama-3.1-8b", _deployments()["mixed"], "vllm", max_model_len=10**9)
 
 
 def test_sglang_commands_and_router() -> None:

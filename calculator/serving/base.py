@@ -132,11 +132,12 @@ class Deployment(BaseModel):
         "request's KV is saved: a synchronous connector, e.g. vLLM's ExampleConnector writing to disk; the move "
         "is then prefill work, and counts once in TTFT)")
 
-    def to_launch(self, model: Any, engine: str, model_path: str | None = None, port: int = 8000) -> Any:
+    def to_launch(self, model: Any, engine: str, model_path: str | None = None, port: int = 8000,
+                  max_model_len: int | None = None) -> Any:
         """This deployment of ``model`` as ``engine``'s commands (``calculator.launch.to_launch``)."""
         from ..launch import to_launch
 
-        return to_launch(model, self, engine, model_path, port)
+        return to_launch(model, self, engine, model_path, port, max_model_len)
 
     @model_validator(mode="after")
     def _pools(self) -> Deployment:
