@@ -24,7 +24,7 @@ import functools
 import json
 import math
 import shlex
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -79,6 +79,15 @@ class Launch(BaseModel):
     notes: tuple[str, ...] = ()
 
 
+MULTI_NODE = {
+    "vllm": "vLLM: --data-parallel-size-local, --data-parallel-address and --data-parallel-rpc-port on each node, "
+            "--headless on all but the first; or a Ray cluster for tensor or pipeline parallelism",
+    "dynamo": "its vLLM worker takes vLLM's multi-node data-parallel flags; Dynamo's operator runs the group",
+    "sglang": "SGLang: --nnodes, --node-rank and --dist-init-addr on each node",
+    "trtllm": "TensorRT-LLM: trtllm-serve under mpirun or srun with one rank per GPU",
+}
+"""How each engine runs an instance wider than one node (a note where a plan's instance is)."""
+
 LONGEST_QUANTILE = 0.9999
 """Where a length is a (mean, cv) distribution, the quantile taken as its longest (``workload_max_model_len``)."""
 
@@ -130,6 +139,11 @@ def to_launch(model: str | ModelSpec, deployment: Deployment, engine: str, model
         if deployment.pool.instances > 1 and engine != "dynamo":
             notes.append(f"run {deployment.pool.instances} replicas behind a load balancer (least outstanding "
                          "requests); each holds its own KV cache")
+    for p in pools:
+        if p.gpus_per_replica > NODE_GPUS:
+            notes.append(f"{p.role}: an instance spans {p.gpus_per_replica} GPUs, more than one {NODE_GPUS}-GPU node, "
+                         f"and the command is its single-host form: run it on {-(-p.gpus_per_replica // NODE_GPUS)} "
+                         f"nodes ({MULTI_NODE[engine]})")
     return Launch(engine=engine, model=m.id, model_path=path, pools=pools, router=router,
                   router_command=None if router is None else shlex.join(router), files=files or None,
                   notes=tuple(dict.fromkeys(notes)))
@@ -368,13 +382,24 @@ def _dns_name(text: str) -> str:
     return out[:63].rstrip("-") or "pdplan"
 
 
+def _no_alias_dumper(yaml: Any) -> type:
+    """A safe dumper that writes a dict used twice (the labels, the selector) in full, not as an &anchor / *alias
+    (valid YAML, but awkward for kustomize, yq and people)."""
+
+    class NoAliasDumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: object) -> bool:
+            return True
+
+    return NoAliasDumper
+
+
 def _k8s(launch: Launch) -> Launch:
     """vLLM's commands as a Deployment (replicas = instances, the GPUs as nvidia.com/gpu limits) and a Service per
     pool."""
     import yaml
 
     docs: list[dict] = []
-    notes = list(launch.notes)
+    notes = [n for n in launch.notes if "single-host form" not in n]  # its own note below says how, for k8s
     for pool in launch.pools:
         name = _dns_name(f"{launch.model}-{pool.role}")
         labels = {"app.kubernetes.io/name": _dns_name(launch.model), "app.kubernetes.io/component": pool.role,
@@ -400,7 +425,7 @@ def _k8s(launch: Launch) -> Launch:
         notes.append("the router in front of the disaggregated pools is not in the manifests: deploy one (NVIDIA "
                      "Dynamo, llm-d) pointing at the two Services")
     return launch.model_copy(update={"engine": "k8s", "manifests": tuple(docs),
-                                     "manifests_yaml": yaml.safe_dump_all(docs, sort_keys=False),
+                                     "manifests_yaml": yaml.dump_all(docs, Dumper=_no_alias_dumper(yaml), sort_keys=False),
                                      "notes": tuple(dict.fromkeys(notes))})
 
 

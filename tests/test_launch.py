@@ -97,6 +97,22 @@ def test_vllm_gets_a_token_budget_it_accepts_with_chunking_off() -> None:
         to_launch("llama-3.1-8b", _deployments()["mixed"], "vllm", max_model_len=10**9)
 
 
+def test_an_instance_wider_than_a_node_is_noted_and_k8s_yaml_has_no_aliases() -> None:
+    """A 16-GPU DeepSeek-V3 decode instance (dp16 ep16) runs on two nodes: every engine's commands say so and how
+    (they are the single-host form); the manifests write the shared labels in full, not as YAML anchors."""
+    d = pc.Deployment(mode="disaggregated", prefill=pc.Pool(gpu="h200-sxm", tp=8, weight_dtype="fp8"),
+                      decode=pc.Pool(gpu="h200-sxm", dp=16, ep=16, weight_dtype="fp8"))
+    how = {"vllm": "--data-parallel-address", "sglang": "--nnodes", "trtllm": "mpirun", "dynamo": "vLLM's multi-node"}
+    for engine, flag in how.items():
+        notes = [n for n in to_launch("deepseek-v3", d, engine).notes if "spans 16 GPUs" in n]
+        assert len(notes) == 1 and "run it on 2 nodes" in notes[0] and flag in notes[0] and notes[0].startswith("decode")
+    assert not [n for n in to_launch("llama-3.1-70b", _deployments()["mixed"], "vllm").notes if "spans" in n]
+    k8s = to_launch("deepseek-v3", d, "k8s")
+    assert len([n for n in k8s.notes if "spans 16 GPUs" in n]) == 1 and "LeaderWorkerSet" in " ".join(k8s.notes)
+    assert "&id" not in k8s.manifests_yaml and "*id" not in k8s.manifests_yaml
+    assert k8s.manifests_yaml.count("app.kubernetes.io/managed-by: pdplan") >= 4
+
+
 def test_sglang_commands_and_router() -> None:
     d = _deployments()
     dep = to_launch("deepseek-v3", d["dep"], "sglang")
