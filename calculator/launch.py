@@ -88,6 +88,9 @@ MULTI_NODE = {
 }
 """How each engine runs an instance wider than one node (a note where a plan's instance is)."""
 
+SINGLE_HOST = "the command is its single-host form"
+"""Part of the note on an instance wider than one node (``to_launch``), which the k8s manifests replace with their own."""
+
 LONGEST_QUANTILE = 0.9999
 """Where a length is a (mean, cv) distribution, the quantile taken as its longest (``workload_max_model_len``)."""
 
@@ -142,7 +145,7 @@ def to_launch(model: str | ModelSpec, deployment: Deployment, engine: str, model
     for p in pools:
         if p.gpus_per_replica > NODE_GPUS:
             notes.append(f"{p.role}: an instance spans {p.gpus_per_replica} GPUs, more than one {NODE_GPUS}-GPU node, "
-                         f"and the command is its single-host form: run it on {-(-p.gpus_per_replica // NODE_GPUS)} "
+                         f"and {SINGLE_HOST}: run it on {-(-p.gpus_per_replica // NODE_GPUS)} "
                          f"nodes ({MULTI_NODE[engine]})")
     return Launch(engine=engine, model=m.id, model_path=path, pools=pools, router=router,
                   router_command=None if router is None else shlex.join(router), files=files or None,
@@ -399,7 +402,7 @@ def _k8s(launch: Launch) -> Launch:
     import yaml
 
     docs: list[dict] = []
-    notes = [n for n in launch.notes if "single-host form" not in n]  # its own note below says how, for k8s
+    notes = [n for n in launch.notes if SINGLE_HOST not in n]  # its own note below says how, for k8s
     for pool in launch.pools:
         name = _dns_name(f"{launch.model}-{pool.role}")
         labels = {"app.kubernetes.io/name": _dns_name(launch.model), "app.kubernetes.io/component": pool.role,

@@ -193,8 +193,14 @@ def _first_miss(rates: np.ndarray, ok: np.ndarray) -> np.ndarray:
     Latency only grows with load, so a deployment is taken at no rate beyond it: where the closed form
     switches between two forms of a wait (a prompt that rides in the step in progress, or one that
     queues), it can meet an SLO at a rate above one at which it misses it."""
+    missed, col = _first_miss_column(ok)
+    return np.where(missed, rates[col], np.inf)
+
+
+def _first_miss_column(ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: whether any grid rate misses the SLO, and the first column that does (0 where none)."""
     miss = ~np.atleast_2d(ok)
-    return np.where(miss.any(axis=-1), rates[np.argmax(miss, axis=-1)], np.inf)
+    return miss.any(axis=-1), np.argmax(miss, axis=-1)
 
 
 def _largest_meeting(rates: np.ndarray, ok: np.ndarray, margin: np.ndarray | None = None) -> np.ndarray:
@@ -202,9 +208,8 @@ def _largest_meeting(rates: np.ndarray, ok: np.ndarray, margin: np.ndarray | Non
     misses it): the grid rate before the first miss (``_first_miss``), refined towards that miss where
     the SLO ``margin`` (``ModeArrays.margin``) crosses zero (linear in log-rate), so a capacity is not
     quantised down by the grid's spacing."""
-    ok = np.atleast_2d(ok)
-    miss = ~ok
-    last = np.where(miss.any(axis=-1), np.argmax(miss, axis=-1) - 1, ok.shape[-1] - 1)
+    missed, col = _first_miss_column(ok)
+    last = np.where(missed, col - 1, rates.size - 1)
     found = last >= 0
     last = np.maximum(last, 0)
     lo = np.where(found, rates[last], 0.0)
@@ -393,16 +398,16 @@ def _single_pool_candidates(m: ModelSpec, s: _Single, w: Workload, slo: SLO, mod
         with np.errstate(all="ignore"):
             grid = served(per_token(chunked.analyse_budgets(s.pm, w_steps, rates, slo.p, budgets, one.streams, whole,
                                                             joint), e), s.pm)
-        caps = _largest_meeting(rates, grid.meets(slo), grid.margin(slo))
-        misses = _first_miss(rates, grid.meets(slo))
+        met_grid = grid.meets(slo)
+        caps, misses = _largest_meeting(rates, met_grid, grid.margin(slo)), _first_miss(rates, met_grid)
         points.extend(_grid_points(protos, rates, grid, slo, w))
         groups.append((protos, caps, misses, lambda r: served(per_token(
             chunked.analyse_budgets(s.pm, w_steps, r, slo.p, budgets, one.streams, whole, joint), e), s.pm)))
     if "mixed" in modes and scheduler != "hybrid":
         d = Deployment(mode="mixed", pool=one, scheduler=scheduler)
         grid = analyse(m, d, w, rates, slo.p, (s.pm,), joint)
-        caps = _largest_meeting(rates, grid.meets(slo), grid.margin(slo))
-        misses = _first_miss(rates, grid.meets(slo))
+        met_grid = grid.meets(slo)
+        caps, misses = _largest_meeting(rates, met_grid, grid.margin(slo)), _first_miss(rates, met_grid)
         points.extend(_grid_points([d], rates, grid, slo, w))
         groups.append(([d], caps, misses, lambda r, d=d: analyse(m, d, w, r[0], slo.p, (s.pm,), joint)))
     for protos, caps, misses, evaluate_at in groups:
@@ -419,7 +424,7 @@ def _single_pool_candidates(m: ModelSpec, s: _Single, w: Workload, slo: SLO, mod
             a = evaluate_at((per_instance[..., None] * RATE_BAND).reshape(len(protos), -1))
         met = np.atleast_2d(a.meets(slo)).reshape(*trial_n.shape, RATE_BAND.size).all(axis=-1)
         # met at the exact rate and just below it, and below every grid rate at which it is missed (``_first_miss``)
-        ok = met & (trial_n <= MAX_INSTANCES) & (w.rate / trial_n < misses[:, None])
+        ok = met & (trial_n <= MAX_INSTANCES) & (per_instance < misses[:, None])
         for row, d in enumerate(protos):
             if not ok[row].any():
                 continue
