@@ -148,6 +148,10 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "t_own": ("t_{own}", "duration of the step that carries a request's own (whole) prompt", "s"),
     "b_n": ("\\bar{b}_{n}", "mean over requests of (1 + rho + ... + rho^(n-1)) / n, n its gaps (0 for none)", "1"),
     "b_n2": ("\\bar{b}^{(2)}_{n}", "mean over requests of ((1 + rho + ... + rho^(n-1)) / n)^2", "1"),
+    "w_p": ("w_{p}", "p-quantile of a prompt's wait for its step", "s"),
+    "w_mean": ("\\bar{w}", "mean of a prompt's wait for its step", "s"),
+    "s_p": ("s_{p}", "p-quantile of a prompt's own time (its step or steps)", "s"),
+    "s_mean": ("\\bar{s}", "mean of a prompt's own time", "s"),
     "k_g": ("k", "gamma shape", "1"),
     "theta_g": ("\\theta", "gamma scale", "s"),
     "a_acc": ("a", "probability that a draft token is accepted (each independently)", "1"),
@@ -1278,6 +1282,22 @@ bulk_start_variance = Formula(
 )
 
 
+def _wait_plus_own_quantile(s_mean: Any, s_p: Any, w_mean: Any, w_p: Any) -> Any:
+    return s_mean + w_mean + numpy.sqrt(abs((s_mean - s_p)*abs(s_mean - s_p) + (w_mean - w_p)*abs(w_mean - w_p)))*numpy.sign((-s_mean + s_p)*abs(s_mean - s_p) + (-w_mean + w_p)*abs(w_mean - w_p))
+
+
+wait_plus_own_quantile = Formula(
+    name="wait_plus_own_quantile",
+    section="queueing and serving",
+    unit="s",
+    doc="p-quantile of a prompt's wait plus its own time, taken as independent: the excesses of the two p-quantiles over their means add in quadrature, signed (exact for normal parts; the plain sum w_p + s_p where the own time does not vary).",
+    args=("s_mean", "s_p", "w_mean", "w_p"),
+    latex="\\bar{s} + \\bar{w} + \\sqrt{\\left|{\\left(\\bar{s} - s_{p}\\right) \\left|{\\bar{s} - s_{p}}\\right| + \\left(\\bar{w} - w_{p}\\right) \\left|{\\bar{w} - w_{p}}\\right|}\\right|} \\operatorname{sign}{\\left(\\left(- \\bar{s} + s_{p}\\right) \\left|{\\bar{s} - s_{p}}\\right| + \\left(- \\bar{w} + w_{p}\\right) \\left|{\\bar{w} - w_{p}}\\right| \\right)}",
+    fn=_wait_plus_own_quantile,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
 def _lognormal_quantile(TPOT: Any, V_T: Any, z: Any) -> Any:
     return TPOT*numpy.exp(z*numpy.sqrt(numpy.log(1 + V_T/TPOT**2)))/numpy.sqrt(1 + V_T/TPOT**2)
 
@@ -1430,6 +1450,7 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     token_weighted_tpot,
     bulk_start_stall,
     bulk_start_variance,
+    wait_plus_own_quantile,
     lognormal_quantile,
     gamma_quantile_wh,
     kv_transfer_time,

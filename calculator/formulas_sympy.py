@@ -696,6 +696,19 @@ bulk_start_variance = _formula(
     "Variance that the prompts queued behind a request's own step add to its TPOT: their number is Poisson "
     "(mean lambda t_own), each a stall of second moment E[X^2], grown over the gaps like the mean (b_n2).",
 )
+w_pq = _sym("w_p", "p-quantile of a prompt's wait for its step", "s", "w_{p}")
+w_mean = _sym("w_mean", "mean of a prompt's wait for its step", "s", r"\bar{w}")
+s_pq = _sym("s_p", "p-quantile of a prompt's own time (its step or steps)", "s", "s_{p}")
+s_mean_sym = _sym("s_mean", "mean of a prompt's own time", "s", r"\bar{s}")
+_excess = (w_pq - w_mean) * sp.Abs(w_pq - w_mean) + (s_pq - s_mean_sym) * sp.Abs(s_pq - s_mean_sym)
+wait_plus_own_quantile = _formula(
+    "wait_plus_own_quantile",
+    w_mean + s_mean_sym + sp.sign(_excess) * sp.sqrt(sp.Abs(_excess)),
+    "s",
+    "p-quantile of a prompt's wait plus its own time, taken as independent: the excesses of the two "
+    "p-quantiles over their means add in quadrature, signed (exact for normal parts; the plain sum "
+    "w_p + s_p where the own time does not vary).",
+)
 lognormal_quantile = _formula(
     "lognormal_quantile",
     tpot_sym * sp.exp(z_q * sp.sqrt(sp.log(1 + var_sym / tpot_sym**2)) - sp.log(1 + var_sym / tpot_sym**2) / 2),

@@ -632,10 +632,12 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
         return np.where(ok, mean, np.inf), np.where(ok, mixture_quantile(pw, theta, t_d, p, cv2), np.inf)
     k, inv_gamma = weibull_shape(cv2)
     scale = np.maximum(theta, 1e-12) * inv_gamma
+    if join_tau is not None:  # fixed over the slot wait's bisection
+        join_w, join_shift = joiner_weights(join_tau, join_mean, join_most)
 
     def tail(x):
         idle = (np.maximum(0.0, 1 - x / t_d) if join_tau is None
-                else bulk_idle_tail(x, t_d, join_tau, join_mean, join_most))
+                else joined_idle_tail(x, t_d, join_w, join_shift))
         return (1 - pw) * idle + pw * np.exp(-((x / scale) ** k))
 
     # beyond one decode step (and its joiners) only the Weibull is left: where it alone leaves (1 - p) / 2,
@@ -652,7 +654,7 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
         weights, shifts = joiner_weights(tau_c, mu_c, most_c)  # fixed over the bisection
 
         def cell_tail(x):
-            idle = (weights * np.clip(1 - (x - shifts) / t_c, 0.0, 1.0)).sum(axis=0)
+            idle = joined_idle_tail(x, t_c, weights, shifts)
             return (1 - pw_c) * idle + pw_c * np.exp(-((x / sc_c) ** k_c)) - (1 - p)
 
         alone[cells] = decreasing_root(cell_tail, np.zeros_like(far_c), far_c)
@@ -687,7 +689,11 @@ def bulk_idle_tail(x, t_d, tau, mean_joiners, most=JOINERS) -> np.ndarray:
     ``tau`` (J up to ``most`` and ``JOINERS``: ``joiner_weights``)."""
     x, t_d, tau, mu, most = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (x, t_d, tau, mean_joiners,
                                                                                         most)))
-    weights, shifts = joiner_weights(tau, mu, most)
+    return joined_idle_tail(x, t_d, *joiner_weights(tau, mu, most))
+
+
+def joined_idle_tail(x, t_d, weights, shifts) -> np.ndarray:
+    """``bulk_idle_tail`` from ``joiner_weights``' (weights, shifts), which a bisection computes once."""
     return (weights * np.clip(1 - (x - shifts) / t_d, 0.0, 1.0)).sum(axis=0)
 
 

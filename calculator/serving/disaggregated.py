@@ -263,8 +263,8 @@ def step_chain(pre: PoolModel, w: Workload, lam, budget_tokens: int, backlog: bo
     b' = min(q', most) of the q' = q - b + N prompts then waiting (the next arrival when none are). Given b, N is Poisson of mean lambda T with T spread by the prompt lengths, a
     gamma-mixed Poisson (negative binomial; Poisson for prompts of one length). The stationary distribution
     of q gives the moments: the steps' spread comes from the chain itself, not from a fitted shape. A queue
-    is followed up to ``most`` prompts beyond the budget's worth (at most ``CHAIN_STATES``; where full steps
-    run at ``BACKLOG_LOAD`` of capacity or more, at least ``BACKLOG_STATES``) and lumped there; more than
+    is followed ``BACKLOG_SPAN`` load / (1 - load) budgets' worth beyond the budget (a power of two of them, at least
+    one, at most ``BACKLOG_STATES`` prompts) and lumped there; more than
     ``CHAIN_STATES`` queue lengths are kept on a grid, each count split between its two neighbours. Arrivals are weighed count by count up to ``ARRIVAL_COUNTS``; a step expecting more
     takes them as a normal (its negative binomial's shape is then large)."""
     most, t1, tau = _step_line(pre, w, budget_tokens)
@@ -281,19 +281,27 @@ def chain_moments(lam, t0, tau, most: float, cv2: float, backlog: bool = False) 
     t0 = np.broadcast_to(np.asarray(t0, dtype=float), lam.shape).reshape(-1)[:, None]
     tau = np.broadcast_to(np.asarray(tau, dtype=float), lam.shape).reshape(-1)[:, None]
     full = int(most)
-    # prompts waiting at a step's start: the budget's worth, and where the steps run near their capacity (full
-    # steps' arrivals at least BACKLOG_LOAD of the budget) a backlog of BACKLOG_STATES prompts more
-    deep = flat * (t0[:, 0] + tau[:, 0] * full) >= BACKLOG_LOAD * full
+    # prompts waiting at a step's start: the budget's worth and a backlog beyond it, BACKLOG_SPAN load / (1 -
+    # load) budgets' worth (load: a full step's arrivals over the budget), rounded up to a power of two (rows of
+    # one depth solve together), from one budget to BACKLOG_STATES prompts (or one budget, if that is more)
+    load = flat * (t0[:, 0] + tau[:, 0] * full) / full
+    budgets = np.where(load < 1, BACKLOG_SPAN * load / np.maximum(1 - load, 1e-9), np.inf)
+    extra = np.minimum(full * 2.0 ** np.ceil(np.log2(np.maximum(budgets, 1.0))), max(full, BACKLOG_STATES))
     out = [np.zeros(flat.size) for _ in range(6 if backlog else 4)]
-    for rows, top in ((~deep, full + min(full, CHAIN_STATES)), (deep, full + max(full, BACKLOG_STATES))):
-        if rows.any():
-            for o, x in zip(out, _chain(flat[rows], t0[rows], tau[rows], full, cv2, top, backlog)):
-                o[rows] = x
+    for depth in np.unique(extra):
+        rows = extra == depth
+        for o, x in zip(out, _chain(flat[rows], t0[rows], tau[rows], full, cv2, full + int(depth), backlog)):
+            o[rows] = x
     return tuple(x.reshape(lam.shape) for x in out)
 
 
-BACKLOG_LOAD = 0.85
-"""Load of a full step (its arrivals / the budget's prompts) from which ``chain_moments`` follows the backlog."""
+BACKLOG_SPAN = 2.0
+"""Backlog that ``chain_moments`` follows beyond a budget's worth of waiting prompts, in budgets' worth times
+(1 - load) / load. The chain once followed one budget's worth below a load of 0.85 and 64 prompts above it:
+at two whole 4,000-token prompts a step (Llama-3.1-8B on an H100, osl 64, Poisson) the p90 wait then jumped
+by 56% at that load, and below it was 21% short of the simulation at 0.8 of capacity (624 against 790 ms).
+At 2, no p50, p90 or p99 moves by 5% between rates 0.1% apart (``tests/test_serving_continuity.py``), and
+the waits are within 2% of following 64 prompts at every load."""
 
 
 def _chain(flat, t0, tau, full: int, cv2: float, top: int, backlog: bool) -> tuple[np.ndarray, ...]:
