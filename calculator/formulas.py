@@ -1283,16 +1283,16 @@ bulk_start_variance = Formula(
 
 
 def _wait_plus_own_quantile(s_mean: Any, s_p: Any, w_mean: Any, w_p: Any) -> Any:
-    return s_mean + w_mean + numpy.sqrt(abs((s_mean - s_p)*abs(s_mean - s_p) + (w_mean - w_p)*abs(w_mean - w_p)))*numpy.sign((-s_mean + s_p)*abs(s_mean - s_p) + (-w_mean + w_p)*abs(w_mean - w_p))
+    return (1/2)*s_mean + (1/2)*w_mean + (1/2)*s_p + (1/2)*w_p + (1/2)*numpy.sqrt(abs((s_mean - s_p)*abs(s_mean - s_p) + (w_mean - w_p)*abs(w_mean - w_p)))*numpy.sign((-s_mean + s_p)*abs(s_mean - s_p) + (-w_mean + w_p)*abs(w_mean - w_p))
 
 
 wait_plus_own_quantile = Formula(
     name="wait_plus_own_quantile",
     section="queueing and serving",
     unit="s",
-    doc="p-quantile of a prompt's wait plus its own time, taken as independent: the excesses of the two p-quantiles over their means add in quadrature, signed (exact for normal parts; the plain sum w_p + s_p where the own time does not vary).",
+    doc="p-quantile of a prompt's wait plus its own time: halfway between the sum of the two p-quantiles (the parts in lockstep, an upper bound) and the independent-normal combination (their excesses over the means in quadrature, signed), which is short for right-skewed parts such as lognormal prompt lengths and the wait's exponential tail. Both are w_p + s_p where the own time does not vary.",
     args=("s_mean", "s_p", "w_mean", "w_p"),
-    latex="\\bar{s} + \\bar{w} + \\sqrt{\\left|{\\left(\\bar{s} - s_{p}\\right) \\left|{\\bar{s} - s_{p}}\\right| + \\left(\\bar{w} - w_{p}\\right) \\left|{\\bar{w} - w_{p}}\\right|}\\right|} \\operatorname{sign}{\\left(\\left(- \\bar{s} + s_{p}\\right) \\left|{\\bar{s} - s_{p}}\\right| + \\left(- \\bar{w} + w_{p}\\right) \\left|{\\bar{w} - w_{p}}\\right| \\right)}",
+    latex="\\frac{\\bar{s}}{2} + \\frac{\\bar{w}}{2} + \\frac{s_{p}}{2} + \\frac{w_{p}}{2} + \\frac{\\sqrt{\\left|{\\left(\\bar{s} - s_{p}\\right) \\left|{\\bar{s} - s_{p}}\\right| + \\left(\\bar{w} - w_{p}\\right) \\left|{\\bar{w} - w_{p}}\\right|}\\right|} \\operatorname{sign}{\\left(\\left(- \\bar{s} + s_{p}\\right) \\left|{\\bar{s} - s_{p}}\\right| + \\left(- \\bar{w} + w_{p}\\right) \\left|{\\bar{w} - w_{p}}\\right| \\right)}}{2}",
     fn=_wait_plus_own_quantile,
     symbol_table=SYMBOL_TABLE,
 )

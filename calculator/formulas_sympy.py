@@ -703,11 +703,12 @@ s_mean_sym = _sym("s_mean", "mean of a prompt's own time", "s", r"\bar{s}")
 _excess = (w_pq - w_mean) * sp.Abs(w_pq - w_mean) + (s_pq - s_mean_sym) * sp.Abs(s_pq - s_mean_sym)
 wait_plus_own_quantile = _formula(
     "wait_plus_own_quantile",
-    w_mean + s_mean_sym + sp.sign(_excess) * sp.sqrt(sp.Abs(_excess)),
+    ((w_pq + s_pq) + (w_mean + s_mean_sym + sp.sign(_excess) * sp.sqrt(sp.Abs(_excess)))) / 2,
     "s",
-    "p-quantile of a prompt's wait plus its own time, taken as independent: the excesses of the two "
-    "p-quantiles over their means add in quadrature, signed (exact for normal parts; the plain sum "
-    "w_p + s_p where the own time does not vary).",
+    "p-quantile of a prompt's wait plus its own time: halfway between the sum of the two p-quantiles (the "
+    "parts in lockstep, an upper bound) and the independent-normal combination (their excesses over the means "
+    "in quadrature, signed), which is short for right-skewed parts such as lognormal prompt lengths and the "
+    "wait's exponential tail. Both are w_p + s_p where the own time does not vary.",
 )
 lognormal_quantile = _formula(
     "lognormal_quantile",

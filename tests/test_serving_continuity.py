@@ -66,10 +66,10 @@ def test_the_chunked_case_of_the_review_reads_near_its_simulation():
 def test_wait_plus_own_quantile_by_hand():
     from calculator import formulas as f
 
-    # excesses 3 and 4 over the means: 5 in quadrature
-    assert f.wait_plus_own_quantile(w_mean=0.010, w_p=0.013, s_mean=0.020, s_p=0.024) == pytest.approx(0.035)
-    # a wait quantile below its mean (a p50 under a mixture with an atom at zero): -9 + 16 = 7
+    # excesses 3 and 4 over the means: 5 in quadrature, 7 in lockstep; halfway 6
+    assert f.wait_plus_own_quantile(w_mean=0.010, w_p=0.013, s_mean=0.020, s_p=0.024) == pytest.approx(0.036)
+    # a wait quantile below its mean (a p50 under a mixture with an atom at zero): -9 + 16 = 7 in quadrature
     assert f.wait_plus_own_quantile(w_mean=0.010, w_p=0.007, s_mean=0.020, s_p=0.024) == pytest.approx(
-        0.030 + 0.007**0.5 * 0.001**0.5)
+        (0.031 + 0.030 + 0.007**0.5 * 0.001**0.5) / 2)
     # an own time of one length: the plain sum
     assert f.wait_plus_own_quantile(w_mean=0.010, w_p=0.004, s_mean=0.020, s_p=0.020) == pytest.approx(0.024)
