@@ -45,6 +45,9 @@ GPU_MEMORY_UTILISATION = 0.9
 VLLM_KV_CONNECTOR = "NixlConnector"
 """vLLM's RDMA KV connector (overlapped transfers: pdplan's ``kv_transfer="overlapped"``)."""
 SGLANG_TRANSFER_BACKEND = "mooncake"
+SGLANG_ACTIVATION_SHARE = 0.05
+"""The share of GPU memory taken off ``GPU_MEMORY_UTILISATION`` for SGLang's --mem-fraction-static, which
+counts only the weights and the KV pool: the activations' share that the 0.9 includes."""
 
 
 class PoolLaunch(BaseModel):
@@ -259,8 +262,12 @@ def _sglang(m: ModelSpec, path: str, d: Deployment, pool: Pool, role: str, port:
     if d.mode == "mixed" and d.scheduler == "prefill_first":
         raise InputError("deployment.scheduler", "SGLang puts new prompts into the running decodes' batch "
                          "(pdplan's 'hybrid'); it has no 'prefill_first' setting")
+    # SGLang's static fraction holds the weights and the KV pool only (activations and CUDA graphs come out of the
+    # rest), where vLLM's --gpu-memory-utilization and pdplan's KV budget count the activation peak inside the 0.9
+    # (``SGLANG_ACTIVATION_SHARE`` less keeps the KV pool the plan sized)
     argv = ["python", "-m", "sglang.launch_server", "--model-path", path, "--host", "0.0.0.0", "--port", str(port),
-            "--tp-size", str(pool.tp * pool.dp), "--mem-fraction-static", str(GPU_MEMORY_UTILISATION - 0.05),
+            "--tp-size", str(pool.tp * pool.dp), "--mem-fraction-static",
+            f"{GPU_MEMORY_UTILISATION - SGLANG_ACTIVATION_SHARE:g}",
             "--max-running-requests", str(pool.max_batch * pool.dp)]
     if pool.pp > 1:
         argv += ["--pp-size", str(pool.pp)]

@@ -71,6 +71,13 @@ def draft_model_spec(target: ModelSpec, spec: Speculation) -> ModelSpec:
         if d.vocab_size != target.vocab_size:
             raise InputError("spec.draft_model", f"{d.id}'s vocabulary ({d.vocab_size:,}) differs from {target.id}'s "
                                                  f"({target.vocab_size:,}): a draft must share the tokenizer")
+        from .params import active_param_count
+
+        drafted, targeted = active_param_count(d), active_param_count(target)
+        if drafted >= targeted:
+            raise InputError("spec.draft_model", f"{d.id} ({drafted / 1e9:.1f}B active parameters) is not smaller than "
+                                                 f"{target.id} ({targeted / 1e9:.1f}B): a draft that costs as much as the "
+                                                 "target per token cannot speed it up")
         return d
     if spec.kind == "mtp" and target.mtp_layers == 0:
         raise InputError("spec.kind", f"{target.id} has no multi-token-prediction layer (its config.json has no "

@@ -98,7 +98,9 @@ def parse_trace(text: str, name: str, format: TraceFormat = "auto",
     fmt = _detect(text, name) if format == "auto" else format
     trace = {"azure": _azure, "mooncake": _mooncake, "burstgpt": _burstgpt, "csv": _generic}[fmt](text, name)
     if trace.arrival_s.size == 0:
-        raise InputError("trace", f"{name}: no requests")
+        why = (f" (all {trace.skipped:,} rows are failed requests, with 0 response tokens, which are left out)"
+               if trace.skipped else "")
+        raise InputError("trace", f"{name}: no requests{why}")
     order = np.argsort(trace.arrival_s, kind="stable")
     t = trace.arrival_s[order] - trace.arrival_s[order][0]
     keep = np.ones(t.size, dtype=bool)

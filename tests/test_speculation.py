@@ -58,6 +58,10 @@ def test_bad_speculation_names_its_field():
                                                              "acceptance": 0.5})
     with pytest.raises(pc.InputError, match=r"spec.*draft_model"):
         pc.estimate("llama-3.1-70b", "h100-sxm", tp=4, spec={"kind": "draft", "tokens": 2, "acceptance": 0.5})
+    # a draft as large as its target (llama-3.1-70b drafting for itself was accepted): refused, with the sizes
+    with pytest.raises(pc.InputError, match=r"spec\.draft_model.*70\.6B active parameters\) is not smaller"):
+        pc.estimate("llama-3.1-70b", "h100-sxm", tp=4, spec={"kind": "draft", "draft_model": "llama-3.1-70b",
+                                                             "tokens": 2, "acceptance": 0.5})
     with pytest.raises(pc.InputError, match=r"spec.*acceptance"):
         pc.estimate("llama-3.1-70b", "h100-sxm", tp=4, spec={"kind": "mtp", "tokens": 2, "acceptance": 1.0})
     with pytest.raises(pc.InputError, match=r"deployment\.prefill"):

@@ -14,7 +14,7 @@ import pytest
 
 import calculator as pc
 from calculator.errors import InputError
-from calculator.traces import prefix_hit_ratio, read_trace, trace_stats, workload_from_trace
+from calculator.traces import parse_trace, prefix_hit_ratio, read_trace, trace_stats, workload_from_trace
 
 FIX = Path(__file__).parent / "fixtures" / "traces"
 
@@ -56,6 +56,10 @@ def test_burstgpt_trace_leaves_out_failed_requests() -> None:
     assert st.duration_s == pytest.approx(105.0) and st.rate_rps == pytest.approx(4 / 105)
     assert st.isl_mean == pytest.approx(3170 / 5) and st.osl_mean == pytest.approx(1035 / 5)
     assert st.arrival_cv2 == pytest.approx(_cv2([41, 1, 2, 61]))
+    # a window of failed requests only says so, not just "no requests"
+    text = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n1,ChatGPT,10,0,10,Conversation log\n"
+    with pytest.raises(InputError, match=r"no requests \(all 1 rows are failed requests, with 0 response tokens"):
+        parse_trace(text, "failed.csv")
 
 
 def test_plain_csv_and_the_workload_it_gives() -> None:
