@@ -575,7 +575,7 @@ def queue_wait(rate, service: PrefillService, servers, p, batched=False,
 
 
 def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=None,
-              ca2: float = 1.0, slots: SlotQueue | None = None, bulk=None) -> tuple[np.ndarray, np.ndarray]:
+              ca2: float = 1.0, slots: SlotQueue | None = None, bulk=None, shift=None) -> tuple[np.ndarray, np.ndarray]:
     """(mean, p-quantile) of a prompt's wait for its own step on an instance that also decodes; with
     ``slots``, the p-quantile of its whole wait, for its step or for a batch slot (``with_slot_wait``).
 
@@ -592,7 +592,10 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
     a step holds) that replace M/G/1's where given: bulk service of whole prompts (``hybrid_bulk_wait``); there
     an arrival that finds a decode step also shares its own step with the J ~ Poisson(lambda t_d) prompts that
     arrive during that step (as many as the step holds beside it), each adding tau (``bulk_idle_tail``). With
-    ``bulk`` only its cells' quantiles are computed.
+    ``bulk`` only its cells' quantiles are computed. ``shift`` (not with ``bulk``): (mean, width) of the time a
+    prompt that waited spends more in its own steps than one that did not, uniform over the width (chunked: it
+    starts in its predecessor's last step, wherever that step's room ends), added to every positive wait:
+    P(W > x) = (1 - P_w) max(0, 1 - x / t_d) + P_w E[exp(-((x - D)+ / s)^k)], D the shift.
     """
     rate = np.asarray(rate, dtype=float)
     args = {"lambda": rate, "E_S": service.mean_s, "c_s2": service.cs2, "c_srv": 1, "c_a2": ca2}
@@ -626,9 +629,14 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
         weights, shifts = joiner_weights(join_tau, join_mean, join_most)
         joined = np.where(join_most < JOINERS, (weights * shifts).sum(axis=0), join_tau * join_mean)
         wq = np.where(where, pw_b * theta_b + (1 - pw_b) * joined, wq)
+    lags = np.zeros((1,) + np.broadcast(pw, theta).shape)
+    if shift is not None:
+        mid, width = (np.where(ok, np.asarray(a, dtype=float), 0.0) for a in shift)
+        wq = wq + pw * mid
+        lags = np.maximum(mid + width * SHIFT_POINTS.reshape(-1, *([1] * np.ndim(mid))), 0.0)
     mean = (1 - pw) * t_d / 2 + wq
     matters = slots is not None and np.any(slots.matters(p))
-    if join_tau is None and not matters:
+    if join_tau is None and not matters and shift is None:
         return np.where(ok, mean, np.inf), np.where(ok, mixture_quantile(pw, theta, t_d, p, cv2), np.inf)
     k, inv_gamma = weibull_shape(cv2)
     scale = np.maximum(theta, 1e-12) * inv_gamma
@@ -638,13 +646,17 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
     def tail(x):
         idle = (np.maximum(0.0, 1 - x / t_d) if join_tau is None
                 else joined_idle_tail(x, t_d, join_w, join_shift))
-        return (1 - pw) * idle + pw * np.exp(-((x / scale) ** k))
+        if shift is None:
+            return (1 - pw) * idle + pw * np.exp(-((x / scale) ** k))
+        return (1 - pw) * idle + pw * np.exp(-((np.maximum(x - lags, 0.0) / scale) ** k)).mean(axis=0)
 
     # beyond one decode step (and its joiners) only the Weibull is left: where it alone leaves (1 - p) / 2,
     # the tail does
     reach = t_d if join_tau is None else t_d + JOINERS * join_tau
-    far = np.maximum(reach, scale * np.log(np.maximum(2 * pw / (1 - p), 1.0)) ** (1 / k))
-    if join_tau is None:
+    far = np.maximum(reach, lags.max(axis=0) + scale * np.log(np.maximum(2 * pw / (1 - p), 1.0)) ** (1 / k))
+    if shift is not None:
+        alone = decreasing_root(lambda x: tail(x) - (1 - p), np.zeros_like(far), far)
+    elif join_tau is None:
         alone = mixture_quantile(pw, theta, t_d, p, cv2)
     else:  # the bulk cells' own quantile, by bisection on those cells alone (the others are not asked for)
         cells = np.broadcast_to(bulk[0], np.broadcast(pw, theta, t_d, far).shape)  # type: ignore[index]
@@ -660,6 +672,10 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
         alone[cells] = decreasing_root(cell_tail, np.zeros_like(far_c), far_c)
     q = with_slot_wait(p, tail, far, alone, slots) if matters else alone  # type: ignore[arg-type]
     return np.where(ok, mean, np.inf), np.where(ok, q, np.inf)
+
+
+SHIFT_POINTS = (np.arange(8) + 0.5) / 8 - 0.5
+"""Points (midpoint rule) of the uniform spread of ``step_wait``'s ``shift``, as fractions of its width."""
 
 
 JOINERS = 4
