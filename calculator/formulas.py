@@ -115,6 +115,9 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "n_out": ("n_{out}", "output tokens per request", "tokens"),
     "T_eng": ("T_{eng}", "time to first token inside the engine (queue, batch slot, the prompt's own steps)", "s"),
     "t_req": ("t_{req}", "a served request's time outside the engine's steps before its first token reaches the client", "s"),
+    "rho_x": ("\\rho_{x}", "share of the decodes' time that prompts stall them (the time prompts add to their steps)", "1"),
+    "x_st": ("x", "time one prompt stalls the running decodes (its steps beyond the plain decode steps)", "s"),
+    "H": ("H", "how long a request holds its batch slot (its own prefill and its decoding)", "s"),
     "c_w2": ("c^{2}_{w}", "squared coefficient of variation of a wait, given that it is positive", "1"),
     "theta_w": ("\\theta_{w}", "Weibull scale of a positive wait: its mean / Gamma(1 + 1/k)", "s"),
     "N_a": ("N_{a}", "mean arrivals during one step", "requests"),
@@ -137,6 +140,8 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "E_inv_n": ("E[1/n]", "mean of 1 / (output tokens - 1) over requests", "1/tokens"),
     "t_slope": ("{t'_{d}}", "decode step time added by one more sequence in the batch", "s"),
     "B": ("B", "mean sequences decoding at once", "sequences"),
+    "L_full": ("L", "sequences a full batch holds (its slots: KV memory or the batch cap, an integer)", "sequences"),
+    "k_own": ("k_{own}", "steps of a request's own prefill that carry the decodes (1: a whole prompt; its pieces when chunked; 0: a prompt step of its own)", "steps"),
     "V_T": ("V_{T}", "variance of a request's TPOT", "s^2"),
     "z": ("z", "standard normal quantile of the percentile", "1"),
     "rho_d": ("\\rho_{d}", "decode load: arrivals x output tokens x the step time one more sequence adds", "1"),
@@ -994,6 +999,38 @@ slot_wait_factor = Formula(
 )
 
 
+def _stall_batch_q(rho_x: Any) -> Any:
+    return (1 - (1 - rho_x)**2)/((1 - rho_x)**2 + 1)
+
+
+stall_batch_q = Formula(
+    name="stall_batch_q",
+    section="queueing and serving",
+    unit="1",
+    doc="Ratio q of the geometric batch, P(n) = (1 - q) q^(n - 1), in which requests reach the batch slots while prompts stall the decodes a share rho of the time. Those that arrive during one busy period of the stalls take their slots together: for fixed stalls their number is Borel, P(n) = exp(-rho n) (rho n)^(n - 1) / n! (the customers an M/D/1 busy period serves at load rho; J. C. Tanner, Biometrika 48 (1961) 222-224), mean 1 / (1 - rho) and E[n^2] / E[n] = 1 / (1 - rho)^2. The geometric of the same E[n^2] / E[n] = (1 + q) / (1 - q) makes the slots' level-crossing chain first order (one product, like the product form), and its P(all slots taken) is within 2% of the Borel chain's on the long-prompt grid.",
+    args=("rho_x",),
+    latex="\\frac{1 - \\left(1 - \\rho_{x}\\right)^{2}}{\\left(1 - \\rho_{x}\\right)^{2} + 1}",
+    fn=_stall_batch_q,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _stall_batch_share(H: Any, rho_x: Any, x_st: Any) -> Any:
+    return rho_x*functools.reduce(numpy.maximum, [0, 1 - x_st/(H*(1 - rho_x))])
+
+
+stall_batch_share = Formula(
+    name="stall_batch_share",
+    section="queueing and serving",
+    unit="1",
+    doc="The stall share at which the batch slots see their arrivals in batches (``stall_batch_q``): rho_x where a stall busy period (x / (1 - rho_x) long) is short beside a hold H, none where it lasts a hold. The prompts of one busy period take their slots one after another as their prefills run; they land together in the batch only when that is quick beside how long each then holds its slot (Qwen3-30B-A3B, 6,000-token prompts: 0.1 s beside 3 s). Gemma-3-27B with 20,000-token prompts and 16-token outputs, prefill first, has busy periods of 1.4 s beside a hold of 1.0 s: there the slots fill and empty one by one.",
+    args=("H", "rho_x", "x_st"),
+    latex="\\rho_{x} \\max\\left(0, 1 - \\frac{x}{H \\left(1 - \\rho_{x}\\right)}\\right)",
+    fn=_stall_batch_share,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
 def _wait_cv2_mg1(E_S: Any, W_q: Any, c_s2: Any, lambda_: Any) -> Any:
     return E_S*lambda_*(E_S**3*lambda_*(c_s2 + 1)*(2*c_s2 + 1)/(-3*E_S*lambda_ + 3) + 2*W_q**2)/W_q**2 - 1
 
@@ -1166,6 +1203,22 @@ running_context = Formula(
     args=("cv2_osl", "n_in", "n_out"),
     latex="n_{in} + \\frac{n_{out} \\left(c_{o}^2 + 1\\right)}{2} + \\frac{1}{2}",
     fn=_running_context,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _full_batch_hold(B: Any, L_full: Any, k_own: Any, n_out: Any, t_d: Any, t_slope: Any, x_p: Any) -> Any:
+    return L_full*x_p + (t_d + t_slope*(-B + L_full - functools.reduce(numpy.minimum, [L_full - 1, L_full*k_own/functools.reduce(numpy.maximum, [1, k_own + n_out - 1])])))*functools.reduce(numpy.maximum, [1, k_own + n_out - 1])
+
+
+full_batch_hold = Formula(
+    name="full_batch_hold",
+    section="queueing and serving",
+    unit="s",
+    doc="How long a request holds its slot while the batch runs full (a prompt starts only as a sequence leaves): its k_own prefill steps and n_out - 1 decode steps, each of a step over the L slots less the L k_own / (k_own + n_out - 1) that hold prompts in prefill (t_d(B) + t' (L - n_p - B) on the roofline's linear stretch), plus the stall x_p of every prompt that starts in its time: its own and L - 1 others, one per departure. On the long-prompt grid (Qwen3-30B-A3B, 6,000-token prompts, 13 slots) the simulated instance run full finishes 3.479 requests a second chunked (2,048-token budget) against 3.480 here (3.43 before, from the time share of prefill instead of the step share), and 3.456 with whole prompts against 3.524: there the simulation runs 13.13 decodes on average and 8.6% more prompt steps than requests finish, as it lets a fourteenth prompt in beside a young batch and recomputes the sequence it preempts later.",
+    args=("B", "L_full", "k_own", "n_out", "t_d", "t_slope", "x_p"),
+    latex="L x_{p} + \\left(t_{d} + {t'_{d}} \\left(- B + L - \\min\\left(\\frac{L k_{own}}{\\max\\left(1, k_{own} + n_{out} - 1\\right)}, L - 1\\right)\\right)\\right) \\max\\left(1, k_{own} + n_{out} - 1\\right)",
+    fn=_full_batch_hold,
     symbol_table=SYMBOL_TABLE,
 )
 
@@ -1432,6 +1485,8 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     gamma_arrival_wait_probability,
     wait_percentile,
     slot_wait_factor,
+    stall_batch_q,
+    stall_batch_share,
     wait_cv2_mg1,
     residual_cv2,
     weibull_tail_quantile,
@@ -1443,6 +1498,7 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     closed_loop_throughput,
     littles_law_batch,
     running_context,
+    full_batch_hold,
     tpot_stall_variance,
     batch_step_variance,
     tpot_batch_variance,

@@ -75,7 +75,8 @@ def per_token(a: ModeArrays, tokens_per_step: float) -> ModeArrays:
     e = tokens_per_step
     if e == 1:
         return a
-    return replace(a, tpot_mean_s=a.tpot_mean_s / e, tpot_p_s=a.tpot_p_s / e, tpot_var_s2=a.tpot_var_s2 / e**2)
+    return replace(a, tpot_mean_s=a.tpot_mean_s / e, tpot_p_s=a.tpot_p_s / e, tpot_var_s2=a.tpot_var_s2 / e**2,
+                   tpot_full_s=None if a.tpot_full_s is None else a.tpot_full_s / e)
 
 
 def in_steps(w: Workload, tokens_per_step: float) -> Workload:

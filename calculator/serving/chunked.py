@@ -33,6 +33,8 @@ from .base import (
     SlotQueue,
     batch_grid,
     coarse_first_root,
+    decode_step_at,
+    full_batch_tpot_quantile,
     gap_amplification,
     interp_rows,
     mixture_quantile,
@@ -112,7 +114,8 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     t_d, s_mean, k_mean, s_q = at(tab["decode_only"]), at(tab["prefill_0"]), at(tab["iters_0"]), at(tab["prefill_1"])
     t_full = at(tab["full"])
     x_mean = s_mean - k_mean * t_d  # what one prompt adds to every running decode's lifetime
-    at_full = GridLookup(grid, np.broadcast_to(np.maximum(np.floor(limit), 1.0), b_cap.shape))
+    # a full batch's prompt runs beside the L - 1 other slots' decodes
+    at_full = GridLookup(grid, np.broadcast_to(np.maximum(np.floor(limit) - 1, 1.0), b_cap.shape))
     x_full = at_full(tab["prefill_0"]) - at_full(tab["iters_0"]) * at_full(tab["decode_only"])
     rho_x = lam * x_mean
     room = np.maximum(pieces[:, None] - b_cap, 1.0)
@@ -132,8 +135,14 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     batched = np.where(wh, (chunks >= 2 * w.isl.mean)[:, None], fits)
     s_queued = np.where(fits, s_mean, (pieces + 0.5) * t_full)
     s_queued_q = np.where(fits, s_q, (isl_q_new / room + 0.5) * t_full)
+    # a full batch's prompts run alone beside its decodes (one starts per departure): a chunked one takes
+    # ceil(n / room) steps at the full batch's room, averaged over the prompt lengths
+    vals, weights = w.isl.points()
+    room_full = np.maximum(chunks - np.maximum(np.floor(limits), 1.0), 1.0)
+    steps_full = (weights * np.ceil(vals * (1 - w.prefix_hit) / room_full[:, None] - 1e-9)).sum(axis=1)
+    own_steps = np.where(wh, 1.0, np.maximum(steps_full, 1.0)[:, None])
     return single_pool_arrays(pm, w, lam, p, batch, limit, t_d, tpot, rho_x, lam * work_s, x_mean, work_s, s_mean,
-                              s_q, slope, piece_s=piece_s, queued_s=(s_queued, s_queued_q),
+                              s_q, slope, piece_s=piece_s, own_steps=own_steps, queued_s=(s_queued, s_queued_q),
                               shared_steps=np.broadcast_to(batched, s_mean.shape),
                               per_step=np.floor(np.maximum(chunks[:, None] - b_cap, 1.0) / max(isl_new, 1.0)),
                               stall_gap_share=lam * pieces * gap_tpot, batched=batched,
@@ -190,14 +199,16 @@ def busy_tpot(lam, batch, t_d, rho_x, work_s, t_b, cv2: float, ca2: float = 1.0)
 
 def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, t_d, tpot, rho_x, rho_prefill, x_mean,
                        work_s, s_mean, s_q, slope, piece_s, stall_gap_share, batched, interference, joint: bool,
-                       prompt_s, queued_s=None, shared_steps=None, per_step=None, x_full=None,
+                       prompt_s, own_steps, queued_s=None, shared_steps=None, per_step=None, x_full=None,
                        start_variance=None) -> ModeArrays:
     """Tails, waits, utilisation and the binding resource of one instance that runs prompts and decodes.
 
     ``x_mean``: time one prompt adds to every running decode; ``work_s``: the time a prompt holds the
     prompt queue (its share of the steps); ``s_mean`` / ``s_q``: a prompt's own time from its first
     step to its first token (mean, p-quantile); ``piece_s``: the duration of a step that carries a
-    prompt piece; ``stall_gap_share``: the share of decode gaps that contain one; ``batched``: whether
+    prompt piece; ``own_steps``: how many steps that carry the decodes a prompt's own prefill takes (1 for a
+    whole prompt, its pieces when chunked, 0 for a prompt step of its own); ``stall_gap_share``: the share
+    of decode gaps that contain one; ``batched``: whether
     queued prompts share a step; ``queued_s``: (mean, p-quantile) of a prompt's own time when it
     queued, where that differs (chunked: it starts in its predecessor's last step); ``shared_steps``
     (bool array): whole prompts ride in the decodes' steps, up to ``per_step`` a step (the token
@@ -234,9 +245,20 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
         shift = (extra, np.where(extra > 0, np.broadcast_to(piece_s, np.shape(extra)), 0.0))
     hold = life + own_mean  # a slot is held from the prompt's first step to its last token
     life_cv2 = np.where(np.isfinite(tpot_var) & (tpot > 0), tpot_var / np.maximum(tpot, 1e-12) ** 2, 0.0)
+    # the prompts stall the decodes a share rho_x of the time: the slots see the prompts of one stall busy period
+    # (x / (1 - rho_x) long) arrive together where that is short beside a hold (``stall_batch_share``). That
+    # carries what the stalls add to the batch's spread; a hold slope stretched by 1 / (1 - rho_x) as well counts
+    # it twice (Llama-3.1-8B on an H100, 500 / 1,000 tokens at 10.6 req/s: the simulated batch's variance is 6.7x
+    # its mean, the chain's 5.6x with the batches alone and 11.6x with both)
+    stall = np.where(rho_x < 1, rho_x, 0.0)
     slots = SlotQueue.of(lam, batch, limit, hold, w.osl.cv**2 + life_cv2, w.osl.mean * slope,
-                         full_batch_hold(own_mean, tpot_full, slope, b_cap, limit, w.osl.mean), ca2=w.arrival_cv**2)
+                         full_batch_hold(pm, w, own_steps, x_mean if x_full is None else x_full, limit),
+                         ca2=w.arrival_cv**2,
+                         stall_share=f.stall_batch_share(rho_x=stall, x_st=x_mean, H=np.maximum(hold, 1e-12)))
     aq, ap = slots.mean_s, slots.quantile_s(p)
+    # the requests that waited for a slot decode beside a full batch (``full_batch_tpot_quantile``)
+    full_share = np.where(np.isfinite(slots.mean_s), slots.wait_probability, 1.0)
+    tpot_p = full_batch_tpot_quantile(tpot, tpot_var, tpot_full, full_share, p)
     bulk = None
     if shared_steps is not None:
         # Poisson arrivals: bulk service wherever two prompts or more share a step. The chain counts a step's
@@ -307,6 +329,7 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
         stable, util, np.where(stable, ttft_mean, inf), np.where(stable, ttft_p, inf), np.where(stable, tpot, inf),
         np.where(stable, tpot_p, inf), batch, np.zeros_like(batch), binding, np.where(stable, tpot_var, inf),
         np.where(stable, itl_p, inf), None if levels is None else np.where(stable[..., None, :], levels, inf),
+        np.where(stable, tpot_full, inf), np.where(stable, full_share, 1.0),
     )
 
 
@@ -376,21 +399,16 @@ def full_batch_tpot(t_d, slope, batch, limit, x_mean, osl_mean: float) -> np.nda
     return t_d + slope * np.maximum(full - batch, 0.0) + (full - 1) * x_mean / osl_mean
 
 
-def full_batch_hold(own_s, tpot_full, slope, batch, limit, osl_mean: float) -> np.ndarray:
-    """How long a request holds its slot while the batch runs full (s): its own prompt time and a
-    lifetime at the full batch's TPOT. Of the L = floor(limit) slots, those whose prompts are still in
-    prefill do not decode: requests start at the full batch's rate L / H and each spends its own time
-    s in prefill, so about n = L s / H slots hold a prompt and the decodes run n fewer (their step
-    ``slope`` shorter each, the batch kept at or above its mean B):
-      H = s + osl TPOT_max - osl slope min(n, L - B),   n = L s / (s + osl TPOT_max)
-    (one substitution of the fixed point; the rest is second order in n / L). On the long-prompt grid
-    (Qwen3-30B-A3B, 6,000-token prompts in chunks of 2,048, 13 slots) n is 0.47 and the simulated
-    instance, run full, finishes 3.48 requests a second: 13 / H = 3.43, against 3.38 with n = 0 (whole
-    prompts: n 0.35, 3.52 simulated, 3.53 here)."""
+def full_batch_hold(pm: PoolModel, w: Workload, own_steps, x_full, limit) -> np.ndarray:
+    """How long a request holds its slot while the batch runs full (s): ``formulas.full_batch_hold`` at
+    L = floor(limit) slots, ``own_steps`` prefill steps that carry the decodes and a stall ``x_full`` per
+    prompt, with the decode step linear about the full batch (t_d(L), t_d(L) - t_d(L - 1))."""
     full = np.maximum(np.floor(limit), 1.0)
-    whole = own_s + osl_mean * tpot_full
-    in_prefill = np.minimum(full * own_s / np.maximum(whole, 1e-12), full - 1)
-    return whole - osl_mean * slope * np.minimum(in_prefill, np.maximum(full - batch, 0.0))
+    ctx, table_limit = running_context(w), pm.batch_limit(w)
+    t_full = decode_step_at(pm, ctx, table_limit, full)
+    slope_full = t_full - decode_step_at(pm, ctx, table_limit, np.maximum(full - 1, 0.5))
+    return f.full_batch_hold(k_own=own_steps, n_out=w.osl.mean, t_d=t_full, t_slope=slope_full, L_full=full, B=full,
+                             x_p=x_full)
 
 
 def _step_ttft(lam, t_d, tpot, x_mean, x_cv2: float, rho_x, p: float, x_q) -> tuple[np.ndarray, np.ndarray]:

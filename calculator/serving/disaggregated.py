@@ -43,6 +43,7 @@ from .base import (
     erlang_c,
     excess_sum,
     first_root,
+    full_batch_tpot_quantile,
     gamma_arrival_wait_probability,
     product_form_step_moments,
     quantile_table_tail,
@@ -539,15 +540,18 @@ def _decode_side(dec: PoolModel, w: Workload, lam_d: np.ndarray, p: float) -> tu
         math.floor(limit), 1))]))
     slope = t_up - t_d
     zero = np.zeros_like(lam_d)
-    tpot_var, tpot_p = tpot_tail(tpot, zero, lam_d, zero, 0.0, w, slope, b_cap, p, step_var)
-    tpot_p = np.minimum(tpot_p, np.maximum(tpot_full, tpot))
+    tpot_var, _ = tpot_tail(tpot, zero, lam_d, zero, 0.0, w, slope, b_cap, p, step_var)
+    tpot_full = np.maximum(tpot_full, tpot)
     life = w.osl.mean * tpot
     # the decode pool's arrivals are the prefill pool's departures, no burstier than the arrivals (taken as
     # bursty as them: an upper bound)
     slots = SlotQueue.of(lam_d, batch, limit, life, w.osl.cv**2, w.osl.mean * slope, w.osl.mean * tpot_full,
                          ca2=w.arrival_cv**2)
     aq, ap = slots.mean_s, slots.quantile_s(p)
-    out = (batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap, slots, fixed)
+    # the requests that waited for a slot decode beside a full batch (``full_batch_tpot_quantile``)
+    full_share = np.where(np.isfinite(slots.mean_s), slots.wait_probability, 1.0)
+    tpot_p = full_batch_tpot_quantile(tpot, tpot_var, tpot_full, full_share, p)
+    out = (batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap, slots, fixed, tpot_full, full_share)
     if len(dec._cache) < 4096:
         dec._cache[key] = out
     return out
@@ -567,7 +571,8 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
     levels = np.array([p, *ATTAINMENT_LEVELS]) if joint else np.array([p])
     lam_d = lam / d.decode.engines
     limit = dec.batch_limit(w)
-    batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap, slots, fixed = _decode_side(dec, w, lam_d, p)
+    batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap, slots, fixed, tpot_full, full_share = \
+        _decode_side(dec, w, lam_d, p)
     # where requests wait for a decode slot, that wait follows the prefill, the move and the step in
     # progress: the quantile of the sum (``with_slot_wait``), from that time's quantiles at TAIL_LEVELS
     tabulate = bool(np.any(slots.matters(float(levels.max()))))
@@ -602,4 +607,4 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
     binding = names[np.argmax(stacked, axis=0)]
     stable = (util < 1) & np.isfinite(fixed) & (fixed < limit)
     return ModeArrays(stable, util, ttft_mean, ttft_p, tpot, tpot_p, batch, np.full_like(lam, t_kv), binding,
-                      tpot_var, itl_p, levels)
+                      tpot_var, itl_p, levels, tpot_full, full_share)

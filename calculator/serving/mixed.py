@@ -66,7 +66,7 @@ def prefill_first(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float, 
         np.full((1, lam.size), sp_.mean_s), np.full((1, lam.size), sp_.mean_s), np.full((1, lam.size), sp_.mean_s),
         np.full((1, lam.size), sp_.quantile_s), slope[None], piece_s=sp_.mean_s + t_d[None],
         stall_gap_share=(lam * tpot)[None], batched=np.full((1, lam.size), max_batched_tokens >= 2 * w.isl.mean),
-        interference="prefill interference", joint=joint,
+        interference="prefill interference", joint=joint, own_steps=0.0,
         prompt_s=lambda q: sp_.mean_s * PrefillService.of(pm, w, q).quantile_s / PrefillService.of(pm, w, q).mean_s)
     return first_row(a)
 
