@@ -1007,7 +1007,7 @@ stall_batch_q = Formula(
     name="stall_batch_q",
     section="queueing and serving",
     unit="1",
-    doc="Ratio q of the geometric batch, P(n) = (1 - q) q^(n - 1), in which requests reach the batch slots while prompts stall the decodes a share rho of the time. Those that arrive during one busy period of the stalls take their slots together: for fixed stalls their number is Borel, P(n) = exp(-rho n) (rho n)^(n - 1) / n! (the customers an M/D/1 busy period serves at load rho; J. C. Tanner, Biometrika 48 (1961) 222-224), mean 1 / (1 - rho) and E[n^2] / E[n] = 1 / (1 - rho)^2. The geometric of the same E[n^2] / E[n] = (1 + q) / (1 - q) makes the slots' level-crossing chain first order (one product, like the product form), and its P(all slots taken) is within 2% of the Borel chain's on the long-prompt grid.",
+    doc="Ratio q of the geometric batch, P(n) = (1 - q) q^(n - 1), in which requests reach the batch slots while prompts stall the decodes a share rho of the time. Those that arrive during one busy period of the stalls take their slots together: for fixed stalls their number is Borel, P(n) = exp(-rho n) (rho n)^(n - 1) / n! (the customers an M/D/1 busy period serves at load rho; J. C. Tanner, Biometrika 48 (1961) 222-224), mean 1 / (1 - rho) and E[n^2] / E[n] = 1 / (1 - rho)^2. The geometric of the same E[n^2] / E[n] = (1 + q) / (1 - q) makes the slots' level-crossing chain first order (one product, like the product form), and its P(all slots taken) is within 3% of the Borel chain's on the long-prompt grid.",
     args=("rho_x",),
     latex="\\frac{1 - \\left(1 - \\rho_{x}\\right)^{2}}{\\left(1 - \\rho_{x}\\right)^{2} + 1}",
     fn=_stall_batch_q,

@@ -523,7 +523,7 @@ stall_batch_q = _formula(
     "(rho n)^(n - 1) / n! (the customers an M/D/1 busy period serves at load rho; J. C. Tanner, Biometrika 48 "
     "(1961) 222-224), mean 1 / (1 - rho) and E[n^2] / E[n] = 1 / (1 - rho)^2. The geometric of the same "
     "E[n^2] / E[n] = (1 + q) / (1 - q) makes the slots' level-crossing chain first order (one product, like the "
-    "product form), and its P(all slots taken) is within 2% of the Borel chain's on the long-prompt grid.",
+    "product form), and its P(all slots taken) is within 3% of the Borel chain's on the long-prompt grid.",
 )
 x_st = _sym("x_st", "time one prompt stalls the running decodes (its steps beyond the plain decode steps)", "s", "x")
 H_hold = _sym("H", "how long a request holds its batch slot (its own prefill and its decoding)", "s")

@@ -842,3 +842,55 @@ def test_requests_that_waited_for_a_slot_decode_beside_a_full_batch():
     assert sim.tpot_p(50) > float(np.nanmean(sim.tpot_s))  # the median above the mean
     assert float(a.tpot_p_s[0]) == pytest.approx(sim.tpot_p(50), rel=0.1)
     assert float(a.tpot_p_s[0]) > 0.0179 * 1.03  # the lognormal alone
+
+
+def test_review_mends_of_the_kv_bound_round():
+    """Found by a review of the KV-bound round (2026-12-06):
+    - the p-quantile prompt's full chunks were read at the mean prompt's prefix (a 20,000-token prompt's
+      chunks 0.441 s against 0.631 s summed chunk by chunk);
+    - the TPOT mixture raised StatisticsError where the share of waiters is within 1e-16 of 1 - p, and a
+      NaN full-batch TPOT gave a NaN quantile beside a finite cdf;
+    - the slot chain was skipped (P_w = 0) where the product form's bound said the cap is out of reach,
+      though stall batches reach it (c = 256, rho_full 0.475, stall share 0.83);
+    - the full-batch TPOT ceiling came from the tangent at the mean batch, so on the concave MoE curve the
+      chunked p90 TPOT fell as the rate rose (25.2 -> 24.3 ms from 2.5 to 3.4 req/s)."""
+    from calculator.serving.base import (
+        SlotQueue,
+        _batched_slot_wait_probability,
+        full_batch_tpot_cdf,
+        full_batch_tpot_quantile,
+    )
+    from calculator.serving.workload import running_context
+
+    m, d, w, pools, cap = _long_prompt_grid("chunked")
+    pm = pools[0]
+    ctx = running_context(w)
+    tab = pm.chunked_tables(ctx, 13.0, np.array([13.0]), np.array([2048.0]), (6000.0, 20000.0), 0.0)
+    j = int(np.searchsorted(tab["grid"], 8.0))
+    b = float(tab["grid"][j])
+    room = 2048 - b
+    k = math.ceil(20000 / room)
+    by_hand = (k - 1) * float(pm.hybrid_s(b, ctx, room, (k - 2) * room / 2)) + float(
+        pm.hybrid_s(b, ctx, 20000 - (k - 1) * room, (k - 1) * room))
+    assert float(tab["prefill_1"][0, j]) == pytest.approx(by_hand, rel=1e-9)
+    exact = sum(float(pm.hybrid_s(b, ctx, min(room, 20000 - i * room), i * room)) for i in range(k))
+    assert float(tab["prefill_1"][0, j]) == pytest.approx(exact, rel=0.03)
+
+    def a(x):
+        return np.array([x])
+
+    edge = full_batch_tpot_quantile(a(0.0197), a(4e-6), a(0.0242), a(np.nextafter(0.1, 0)), 0.9)
+    assert edge[0] == pytest.approx(0.0242, rel=1e-6)
+    for full in (np.nan, np.inf):  # no finite ceiling: the lognormal alone, the cdf its inverse
+        q = full_batch_tpot_quantile(a(0.0197), a(4e-6), a(full), a(0.3), 0.9)
+        assert np.isfinite(q[0]) and full_batch_tpot_cdf(a(0.0197), a(4e-6), a(full), a(0.3), q)[0] == pytest.approx(0.9)
+
+    # at rho_full 0.475 the product form's bound (0.475^(sqrt(514) - 1) < 1e-7) said the cap is out of reach
+    args = (a(1.0), a(60.0), a(256.0), a(60.0), a(0.05), a(0.475 * 256), a(0.83))
+    slots = SlotQueue.of(*args[:4], a(0.1), args[4], args[5], stall_share=args[6])
+    assert slots.wait_probability[0] == pytest.approx(_batched_slot_wait_probability(*args)[0], rel=1e-9)
+    assert slots.wait_probability[0] > 1e-4
+
+    rates = np.array([2.5, 2.8, 3.1, 3.4])
+    p90 = analyse(m, d, w, rates, 0.9, pools).tpot_p_s
+    assert np.all(np.diff(p90) >= -1e-6), p90

@@ -138,7 +138,7 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     # a full batch's prompts run alone beside its decodes (one starts per departure): a chunked one takes
     # ceil(n / room) steps at the full batch's room, averaged over the prompt lengths
     vals, weights = w.isl.points()
-    room_full = np.maximum(chunks - np.maximum(np.floor(limits), 1.0), 1.0)
+    room_full = np.maximum(chunks - np.maximum(np.floor(limits) - 1, 0.0), 1.0)  # beside the L - 1 others' decodes
     steps_full = (weights * np.ceil(vals * (1 - w.prefix_hit) / room_full[:, None] - 1e-9)).sum(axis=1)
     own_steps = np.where(wh, 1.0, np.maximum(steps_full, 1.0)[:, None])
     return single_pool_arrays(pm, w, lam, p, batch, limit, t_d, tpot, rho_x, lam * work_s, x_mean, work_s, s_mean,
@@ -223,9 +223,8 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     stable_decode = np.isfinite(batch) & (batch < limit) & (rho_prefill < 1) & (rho_x < 1)
     b_cap = np.minimum(batch, limit)
     cv2 = w.isl.cv**2
-    tpot_var, tpot_p = tpot_tail(tpot, rho_x, lam, x_mean, cv2, w, slope, b_cap, p, extra_variance=start_variance)
-    tpot_full = full_batch_tpot(t_d, slope, b_cap, limit, x_mean if x_full is None else x_full, w.osl.mean)
-    tpot_p = np.minimum(tpot_p, tpot_full)
+    tpot_var, _ = tpot_tail(tpot, rho_x, lam, x_mean, cv2, w, slope, b_cap, p, extra_variance=start_variance)
+    tpot_full = np.broadcast_to(full_batch_tpot(pm, w, limit, x_mean if x_full is None else x_full), np.shape(tpot))
 
     # TTFT: the prompt queue (M/G/1, a prompt's whole time as service), the residual of the step in
     # progress, a batch slot (KV memory / batch cap) and the prompt's own time
@@ -389,14 +388,16 @@ def _prompt_wait(lam, service, t_d, p: float, batched, busy, w: Workload, slots,
     return tuple(np.where(bulk[0], b, a) for a, b in zip(fifo_q, bulk_q))  # type: ignore[return-value]
 
 
-def full_batch_tpot(t_d, slope, batch, limit, x_mean, osl_mean: float) -> np.ndarray:
+def full_batch_tpot(pm: PoolModel, w: Workload, limit, x_mean) -> np.ndarray:
     """The largest TPOT a request can see when the batch is capped (KV memory or max_batch): the
     batch held full at L = floor(limit) sequences through its lifetime. A prompt then starts only
     when a sequence leaves, so about (L - 1) / osl prompts land per output token:
-    TPOT_max = t_d(L) + (L - 1) x / osl, with t_d(L) = t_d(B) + slope (L - B) on the roofline's
-    linear stretch. It bounds the lognormal tail, which has no ceiling."""
+    TPOT_max = t_d(L) + (L - 1) x / osl, t_d(L) read from the step curve as ``full_batch_hold`` reads
+    it (the tangent at the mean batch overshot it on a concave MoE curve: 22.0 ms from B = 1 against
+    18.3 ms, so the ceiling fell as the load rose). It bounds the lognormal tail, which has no ceiling."""
     full = np.maximum(np.floor(limit), 1.0)
-    return t_d + slope * np.maximum(full - batch, 0.0) + (full - 1) * x_mean / osl_mean
+    t_full = decode_step_at(pm, running_context(w), pm.batch_limit(w), full)
+    return t_full + (full - 1) * x_mean / w.osl.mean
 
 
 def full_batch_hold(pm: PoolModel, w: Workload, own_steps, x_full, limit) -> np.ndarray:

@@ -517,7 +517,9 @@ def _decode_side(dec: PoolModel, w: Workload, lam_d: np.ndarray, p: float) -> tu
     """The decode instance at per-instance rates ``lam_d``: (B, B capped, t_d, slope, TPOT mean, its
     variance and p-quantile, lifetime, slot wait mean and p-quantile, the slot queue, and the fixed point
     B' = lambda osl t(B' + 1) that decides stability, as in the other modes: a batch that would outgrow its
-    slots). Cached on the pool model: a plan pairs one decode pool with many prefill pools."""
+    slots, then the full batch's TPOT and the share of requests that wait for a slot and decode beside it:
+    ``full_batch_tpot_quantile``). Cached on the pool model: a plan pairs one decode pool with many prefill
+    pools."""
     key = ("decode_side", lam_d.tobytes(), float(p), w.isl, w.osl)
     hit = dec._cache.get(key)
     if hit is not None:
