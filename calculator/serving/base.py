@@ -1196,8 +1196,10 @@ class SlotQueue:
         stable = keeps_up | (finite & ~reach)
         # only loads whose full-batch occupancy could reach the cap need the sum over states
         rho_full = np.where(finite, lam * full / c, 0.0)
-        # (a product-form bound: where prompts stall the decodes their batches' tail is heavier, so every such row)
-        live = keeps_up & ((rho_full ** (np.sqrt(2 * (c + 1)) - 1) > 1e-7) | (stall > STALL_BATCH_MIN))
+        # (a product-form bound; where prompts stall the decodes, the batches' dispersion z = 1 / (1 - rho_x)^2
+        # makes c slots behave like c / z of them, as in Hayward's approximation for peaked traffic)
+        z = 1 / np.maximum(1 - np.where(stall > STALL_BATCH_MIN, np.minimum(stall, 0.95), 0.0), 0.05) ** 2
+        live = keeps_up & (rho_full ** (np.sqrt(2 * (c / z + 1)) - 1) > 1e-7)
         pw = np.zeros_like(lam)
         gap = np.where(keeps_up, c / np.where(finite, full, 1.0) - lam, np.inf)  # unreached: no wait
         factor = f.slot_wait_factor({"c_a2": ca2, "c_s2": cs2, "lambda": lam, "E_S": np.where(finite, full, 1.0),
