@@ -561,6 +561,37 @@ def test_chain_moments_take_a_step_line_per_rate():
     assert e_b[0] == pytest.approx(1.0, abs=1e-3) and e_t[0] == pytest.approx(0.031, rel=1e-3)
 
 
+def test_a_light_chain_follows_only_the_queue_lengths_it_can_reach(monkeypatch):
+    """``_closed_top``: where no step that starts with T prompts waiting has more than T arrivals (to 8 sd), and
+    T prompts fit a step, the chain on 1 ... T is the whole chain. Short prompts under a large budget (500
+    prompts a step) at light and moderate loads: the same moments as the chain that follows every one of its
+    1,000 queue lengths, to 1e-9."""
+    from calculator.serving import disaggregated as dg
+
+    lam = np.array([1e-6, 0.5, 30.0, 200.0, 1_000.0])
+    t0, tau, most = 0.012, 2e-5, 500
+    # the least power of two that arrivals cannot leave, by hand: at 1,000 req/s a step of T prompts
+    # expects 1,000 (0.012 + 2e-5 T) = 12 + 0.02 T arrivals, reach mu + 8 sqrt(mu) + 1 <= T first at T = 64
+    def reach(rate, t):
+        mu = rate * (t0 + tau * t)
+        return mu + 8 * math.sqrt(mu) + 1
+
+    assert reach(1_000, 32) > 32 and reach(1_000, 64) <= 64
+    col = (np.array([[t0]]), np.array([[tau]]))
+    assert dg._closed_top(lam[-1:], *col, most, 0.0, 2 * most) == 64
+    assert dg._closed_top(lam[:1], *col, most, 0.0, 2 * most) == 2
+    assert dg._closed_top(lam[-1:], *col, 16, 0.0, 32) == 32  # a cap below the reach: every length
+    for cv2 in (0.0, 0.25):
+        short = dg.chain_moments(lam, t0, tau, most, cv2, backlog=True)
+        with monkeypatch.context() as patch:
+            patch.setattr(dg, "_closed_top", lambda flat, t0, tau, full, cv2, top: top)
+            patch.setattr(dg, "CHAIN_STATES", 4096)  # every queue length, none on a grid
+            every = dg.chain_moments(lam, t0, tau, most, cv2, backlog=True)
+        for a, b in zip(short, every):
+            assert a == pytest.approx(b, rel=1e-9, abs=1e-12)
+    assert short[0][0] == pytest.approx(1.0) and short[1][0] == pytest.approx(t0 + tau, rel=1e-6)
+
+
 def test_step_wait_takes_the_capped_joiners_in_its_mean():
     """``step_wait`` with bulk cells: a prompt that finds a decode step (probability 1 - P_w) waits tau per
     joiner, at most n - 1 of them where the step holds n = 3 prompts: mean = P_w theta + (1 - P_w)(t_d / 2 +

@@ -305,10 +305,37 @@ At 2, no p50, p90 or p99 moves by 5% between rates 0.1% apart (``tests/test_serv
 the waits are within 2% of following 64 prompts at every load."""
 
 
+def _closed_top(flat, t0, tau, full: int, cv2: float, top: int) -> int:
+    """The fewest queue lengths ``_chain`` must follow: the least power of two T >= 2 with T <= ``full`` below
+    ``top`` such that no step that starts with T prompts waiting has more arrivals than T (mean + 8 sd + 1, the
+    reach ``_chain`` weighs them to). A step from any q <= T takes every waiting prompt, so the next queue is
+    its arrivals (or the next arrival), at most T: lengths beyond T have no mass, and the chain on 1 ... T is
+    the same chain. At light load that is two or four states instead of 64 (a plan at 1-token prompts over
+    the 17 catalog GPUs solved 766 chains of 64 states, 1.7 of its 2.4 s, most of them at well under one
+    arrival a step). ``top`` where there is no such T."""
+    t = 2
+    while t <= full and t < top:
+        mu = flat * (t0[:, 0] + tau[:, 0] * t)
+        sd = np.sqrt(mu + (flat * tau[:, 0]) ** 2 * t * cv2)
+        if float(np.max(mu + 8 * sd + 1)) <= t:
+            return t
+        t *= 2
+    return top
+
+
+@functools.lru_cache(maxsize=256)
+def _chain_states(top: int, most: int) -> np.ndarray:
+    """Queue lengths ``_chain`` follows: 1 ... ``top``, or ``most`` (``CHAIN_STATES``) of them on a geometric grid."""
+    states = np.arange(1.0, top + 1) if top <= most else np.unique(np.round(np.geomspace(1, top, most)))
+    states.flags.writeable = False
+    return states
+
+
 def _chain(flat, t0, tau, full: int, cv2: float, top: int, backlog: bool) -> tuple[np.ndarray, ...]:
-    """``chain_moments`` for 1-d rates ``flat`` (t0, tau: columns) with queue states 1 ... ``top``."""
-    states = (np.arange(1.0, top + 1) if top <= CHAIN_STATES
-              else np.unique(np.round(np.geomspace(1, top, CHAIN_STATES))))
+    """``chain_moments`` for 1-d rates ``flat`` (t0, tau: columns) with queue states 1 ... ``top`` (fewer where
+    the queue cannot reach them: ``_closed_top``)."""
+    top = _closed_top(flat, t0, tau, full, cv2, top)
+    states = _chain_states(top, CHAIN_STATES)
     batch = np.minimum(states, full)
     k = states.size
     counts = min(top, ARRIVAL_COUNTS)
