@@ -581,6 +581,11 @@ def test_a_light_chain_follows_only_the_queue_lengths_it_can_reach(monkeypatch):
     assert dg._closed_top(lam[-1:], *col, most, 0.0, 2 * most) == 64
     assert dg._closed_top(lam[:1], *col, most, 0.0, 2 * most) == 2
     assert dg._closed_top(lam[-1:], *col, 16, 0.0, 32) == 32  # a cap below the reach: every length
+    assert dg._closed_top(np.array([np.nan]), *col, most, 0.0, 2 * most) == 2 * most  # no figure: every length
+    # a step line that falls with its batch: the most arrivals are those of a one-prompt step (100 x 0.14 s
+    # = 14, reach 14 + 8 sqrt(14) + 1 = 45: T = 64; the line read at T prompts alone stops at 32, where
+    # 100 x 0.078 = 7.8 reaches 31, while a one-prompt step's 45 pass it)
+    assert dg._closed_top(np.array([100.0]), np.array([[0.142]]), np.array([[-0.002]]), most, 0.0, 2 * most) == 64
     for cv2 in (0.0, 0.25):
         short = dg.chain_moments(lam, t0, tau, most, cv2, backlog=True)
         with monkeypatch.context() as patch:

@@ -315,9 +315,10 @@ def _closed_top(flat, t0, tau, full: int, cv2: float, top: int) -> int:
     arrival a step). ``top`` where there is no such T."""
     t = 2
     while t <= full and t < top:
-        mu = flat * (t0[:, 0] + tau[:, 0] * t)
-        sd = np.sqrt(mu + (flat * tau[:, 0]) ** 2 * t * cv2)
-        if float(np.max(mu + 8 * sd + 1)) <= t:
+        # the step's line is linear in its batch, so the most arrivals from any q <= t are at q = 1 or q = t
+        mu = flat * np.maximum(t0[:, 0] + tau[:, 0], t0[:, 0] + tau[:, 0] * t)
+        sd = np.sqrt(np.maximum(mu + (flat * tau[:, 0]) ** 2 * t * cv2, 0.0))
+        if float(np.max(mu + 8 * sd + 1)) <= t:  # NaN compares False: every length is followed
             return t
         t *= 2
     return top
