@@ -595,6 +595,17 @@ def test_a_light_chain_follows_only_the_queue_lengths_it_can_reach(monkeypatch):
         for a, b in zip(short, every):
             assert a == pytest.approx(b, rel=1e-9, abs=1e-12)
     assert short[0][0] == pytest.approx(1.0) and short[1][0] == pytest.approx(t0 + tau, rel=1e-6)
+    # one rate a call (T set by that rate alone: 2 ... 64), a step all prompt work, prompts of one length and
+    # spread ones: what the short chain leaves out is the arrivals' tail past mean + 8 sd + 1, ~1e-7 here
+    for cv2 in (0.0, 1.0):
+        for rate, t0_, tau_, cap in ((7.2444, 0.0, 1e-3, 8), (20.0, 0.02, 1e-3, 32), (500.0, 0.005, 1e-4, 300)):
+            short = dg.chain_moments(np.array([rate]), t0_, tau_, cap, cv2, backlog=True)
+            with monkeypatch.context() as patch:
+                patch.setattr(dg, "_closed_top", lambda flat, t0, tau, full, cv2, top: top)
+                patch.setattr(dg, "CHAIN_STATES", 4096)
+                every = dg.chain_moments(np.array([rate]), t0_, tau_, cap, cv2, backlog=True)
+            for a, b in zip(short, every):
+                assert a == pytest.approx(b, rel=1e-5, abs=1e-12)
 
 
 def test_step_wait_takes_the_capped_joiners_in_its_mean():
