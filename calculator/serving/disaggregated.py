@@ -305,6 +305,11 @@ At 2, no p50, p90 or p99 moves by 5% between rates 0.1% apart (``tests/test_serv
 the waits are within 2% of following 64 prompts at every load."""
 
 
+def _arrival_reach(mu, sd):
+    """The most arrivals a step's chain weighs, mean + 8 sd + 1: those beyond are negligible."""
+    return mu + 8 * sd + 1
+
+
 def _closed_top(flat, t0, tau, full: int, cv2: float, top: int) -> int:
     """The fewest queue lengths ``_chain`` must follow: the least power of two T >= 2 with T <= ``full`` below
     ``top`` such that no step that starts with T prompts waiting has more arrivals than T (mean + 8 sd + 1, the
@@ -312,15 +317,15 @@ def _closed_top(flat, t0, tau, full: int, cv2: float, top: int) -> int:
     its arrivals (or the next arrival), at most T but for the arrivals' tail past that reach, which the chain
     on 1 ... T lumps at T, as ``_chain`` lumps a tail past its counts: the same chain but for that tail (a
     review's worst case, a step all prompt work at cv^2 1, moved E[T^3] by 2.3e-6 relative; lengths beyond 64
-    are then on a finer grid than before). At light load that is two or four states instead of 64 (a plan at 1-token prompts over
-    the 17 catalog GPUs solved 766 chains of 64 states, 1.7 of its 2.4 s, most of them at well under one
-    arrival a step). ``top`` where there is no such T."""
+    are then on a finer grid than before). At light load that is two or four states instead of 64 (a plan at
+    1-token prompts over the 17 catalog GPUs solved 766 chains of 64 states, 1.7 of its 2.4 s, most of them at
+    well under one arrival a step). ``top`` where there is no such T."""
     t = 2
     while t <= full and t < top:
         # the step's line is linear in its batch, so the most arrivals from any q <= t are at q = 1 or q = t
         mu = flat * np.maximum(t0[:, 0] + tau[:, 0], t0[:, 0] + tau[:, 0] * t)
         sd = np.sqrt(np.maximum(mu + (flat * tau[:, 0]) ** 2 * t * cv2, 0.0))
-        if float(np.max(mu + 8 * sd + 1)) <= t:  # NaN compares False: every length is followed
+        if float(np.max(_arrival_reach(mu, sd))) <= t:  # NaN compares False: every length is followed
             return t
         t *= 2
     return top
@@ -346,7 +351,7 @@ def _chain(flat, t0, tau, full: int, cv2: float, top: int, backlog: bool) -> tup
     mu = flat[:, None] * m1  # mean arrivals during it
     mix = (flat[:, None] * tau) ** 2 * batch[None, :] * cv2  # their variance from the lengths
     sd = np.sqrt(mu + mix)
-    reach = mu + 8 * sd + 1  # arrivals beyond are negligible
+    reach = _arrival_reach(mu, sd)
     wide = (reach > counts) & (top > counts)  # arrivals beyond the counts weighed one by one
     if not wide.all():  # weigh only as many counts as the narrow cells reach (a power of two, for the cache)
         counts = min(counts, 2 ** math.ceil(math.log2(max(float(reach[~wide].max()), 2.0))))
