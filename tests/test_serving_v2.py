@@ -561,6 +561,28 @@ def test_chain_moments_take_a_step_line_per_rate():
     assert e_b[0] == pytest.approx(1.0, abs=1e-3) and e_t[0] == pytest.approx(0.031, rel=1e-3)
 
 
+def test_the_step_chain_without_arrivals_or_without_spread():
+    """No arrivals (rate 0) leave every step one prompt long; a step whose length does not grow with its
+    prompts (tau 0) has Poisson arrivals however long the prompts vary, the same as with prompts of one length.
+    By hand: t0 20 ms at 5 req/s, N ~ Poisson(0.1) a step, b' = max(N, 1) below the cap of 8:
+    E[b] = 1 + E[(N - 1)+] = 1 + 0.1 - (1 - e^-0.1) = 1.0048374. (Both had put every step's arrivals at the
+    chain's top: E[b] 2 at rate 0, 4 at tau 0.)"""
+    from calculator.serving.disaggregated import _arrival_pmf, chain_moments
+
+    pmf = _arrival_pmf(np.array([0.0, 0.5, 0.5]), np.array([0.0, 0.0, 0.2]), 0.25, 4)
+    assert pmf[0] == pytest.approx([1, 0, 0, 0, 0], abs=1e-15)
+    assert pmf[1] == pytest.approx([math.exp(-0.5) * 0.5**k / math.factorial(k) for k in range(4)]
+                                   + [1 - sum(math.exp(-0.5) * 0.5**k / math.factorial(k) for k in range(4))], rel=1e-12)
+    assert pmf[2].sum() == pytest.approx(1.0, rel=1e-12) and pmf[2, 0] > pmf[1, 0]  # the mixture: more at 0
+    e_b, e_t, e_t2, _ = chain_moments(np.array([0.0]), 0.02, 0.01, 8.0, 0.25)
+    assert e_b[0] == pytest.approx(1.0, rel=1e-12) and e_t[0] == pytest.approx(0.03, rel=1e-12)
+    hand = 1 + 0.1 - (1 - math.exp(-0.1))
+    for cv2 in (0.0, 0.25, 1.0):
+        e_b, e_t, e_t2, _ = chain_moments(np.array([5.0]), 0.02, 0.0, 8.0, cv2)
+        assert e_b[0] == pytest.approx(hand, rel=1e-6) and e_t[0] == pytest.approx(0.02, rel=1e-12)  # the chain lumps
+        # the arrivals past its reach (mean + 8 sd + 1) at its top: ~1e-7 here
+        assert e_t2[0] == pytest.approx(0.02**2, rel=1e-12)
+
 def test_a_light_chain_follows_only_the_queue_lengths_it_can_reach(monkeypatch):
     """``_closed_top``: where no step that starts with T prompts waiting has more than T arrivals (to 8 sd), and
     T prompts fit a step, the chain on 1 ... T is the whole chain. Short prompts under a large budget (500

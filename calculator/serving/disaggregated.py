@@ -237,19 +237,21 @@ def _arrival_split(states: np.ndarray, batch: np.ndarray, counts: int) -> np.nda
 
 def _arrival_pmf(mu: np.ndarray, mix: np.ndarray, cv2: float, counts: int) -> np.ndarray:
     """P(N = 0 ... counts) (last axis; the rest lumped at ``counts``) of the arrivals during a step: Poisson
-    of mean ``mu`` mixed by a gamma of variance ``mix`` (negative binomial), for 1-d arrays of cells."""
+    of mean ``mu`` mixed by a gamma of variance ``mix`` (negative binomial), for 1-d arrays of cells. A cell
+    without spread (``mix`` 0: a step whose length does not grow with its prompts) is Poisson, and one without
+    arrivals (``mu`` 0) has none (both had put all the mass at ``counts``: E[b] 4 and 2 where 1 is right)."""
     n = np.arange(counts + 1, dtype=float)
     log_fact = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, counts + 1)))])
     mu, mix = mu[:, None], mix[:, None]
     with np.errstate(divide="ignore", invalid="ignore"):
+        log_pmf = np.where(n == 0, 0.0, n * np.log(mu)) - mu - log_fact  # Poisson (n log mu is 0 at n = 0)
         if cv2 > 0:
             r = mu**2 / mix
             p = mu / (mu + r)
             # log Gamma(n + r) - log Gamma(r) = sum_{i < n} log(r + i)
             rising = np.concatenate([np.zeros_like(r), np.cumsum(np.log(r + n[None, :-1]), axis=-1)], axis=-1)
-            log_pmf = rising - log_fact + r * np.log1p(-p) + n * np.log(p)
-        else:
-            log_pmf = n * np.log(mu) - mu - log_fact
+            mixed = rising - log_fact + r * np.log1p(-p) + np.where(n == 0, 0.0, n * np.log(p))
+            log_pmf = np.where((mix > 0) & (mu > 0), mixed, log_pmf)
     pmf = np.exp(np.nan_to_num(log_pmf, nan=-np.inf))
     pmf[:, -1] += np.maximum(1 - pmf.sum(axis=-1), 0.0)
     return pmf
