@@ -1,88 +1,171 @@
 """The closed form against the simulation on the 36-case acceptance grid (``bench/serving_oracle.py``).
 
-p50 and p90 TTFT and TPOT must be within 10% of the simulation at utilisation <= 0.8 and within
-20% at 0.9, except the known gaps listed below (documented in the README and the validation page),
-which must stay within a factor 2.5, so they cannot quietly get worse. The simulation is seeded, so
-the figures are repeatable. This run (seed 0; 1,500 requests a case, 12,000 where KV memory binds
-near capacity) is a regression pin, not the record: the record, three seeds of 12,000 requests, is
-``bench/serving_oracle.py --requests 12000 --seeds 3``, kept in docs/serving-validation.md.
+p50 and p90 TTFT and TPOT must be within 10% of the simulation at utilisation <= 0.8 and within 20% at 0.9,
+except the known gaps below (documented on the validation page), which must stay within a factor 2.5, so they
+cannot quietly get worse.
+
+The reference is the record, docs/validation/serving-oracle.json (with the table on
+docs/serving-validation.md): three seeds of 12,000 requests a case, and of 50,000 where the queues have a long
+memory (``long_memory``), whose requests are pooled. A shorter run is not a reference there: three seeds of
+12,000 requests put the KV-bound long-prompt p90 TTFT at 0.8 of capacity 13-15% above three of 50,000, and
+their 12,000-request windows spread over 0.13-0.57 s (disaggregated decode instance). Here:
+
+- the record's closed-form figures are this version's (so it cannot go stale: a change to the serving model
+  must regenerate it), and this version's simulation reproduces its seed 0 exactly for a long-memory and a
+  short-memory case;
+- the record meets the bounds but for ``RECORD_GAPS``;
+- a fast live run (seed 0, 1,500 requests) of the 24 cases with a short memory meets them but for
+  ``LIVE_GAPS``: a regression pin that needs no record.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from serving_oracle import METRICS, cases, run  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from serving_oracle import (  # noqa: E402
+    METRICS,
+    Case,
+    cases,
+    closed_figures,
+    figures,
+    long_memory,
+    run,
+    simulated_trace,
+)
 
-KNOWN_GAPS = {
-    # the prefill pool's bulk steps (step_chain): the record (three seeds of 12,000 requests) is -2% at 0.8
-    # (median), +6% at 0.3 (p90); this one seed of 1,500 requests is a short run of a queue with a long
-    # memory: +10% at 0.3 (p90), +14% at 0.8 (median). At 0.9 it runs 12,000 requests: -6% (median)
-    ("disaggregated", "chat", 0.3, "ttft90"), ("disaggregated", "chat", 0.8, "ttft50"),
-    # KV memory binds (13 sequences of 6,000 tokens). The TTFT quantile is that of the whole wait (a prompt
-    # waits for its step or for a slot; on a decode instance the slot wait follows the prefill:
-    # base.with_slot_wait). The probability of a slot wait follows the simulation now that the stalls batch the
-    # arrivals the slots see (base._batched_slot_wait_probability: the share waiting more than 0.2 s at 0.8,
-    # 0.191 / 0.238 against 0.188 / 0.243 simulated, mixed / chunked); the wait given a wait, Cosmetatos' M/D/c
-    # mean at the full batch's rate, is 6-14% short at 0.8 (0.77 / 0.87 s against 0.89 / 0.92 s), so the p90
-    # is -14% (mixed), -12% (chunked) and -16% (disaggregated, whose slot probability was right already) at 0.8
-    ("mixed", "long prompt", 0.8, "ttft90"), ("chunked", "long prompt", 0.8, "ttft90"),
+RECORD = ROOT / "docs" / "validation" / "serving-oracle.json"
+
+RECORD_GAPS = {
+    # KV memory binds (13 sequences of 6,000 tokens): the closed p90 is the simulation's p90.9. It falls on the
+    # flat edge of the requests that wait for a slot (simulated, 50,000 requests: P(TTFT > x) 0.097 at 0.40 s,
+    # 0.087 at 0.46 s), where the closed form's slot wait is a few percent too likely (P(wait > 0.2 s) 0.117
+    # against 0.112 simulated; 0.064 / 0.065 at 0.5 s): +12%
     ("disaggregated", "long prompt", 0.8, "ttft90"),
-    # where half the requests wait for a slot the median sits at the edge of that mass: mixed at 0.9, 52% wait in
-    # the closed form against ~48% simulated, p50 TTFT +28% in the record (+25% in this run; -5% before the
-    # stalls' batches, when too few waited)
-    ("mixed", "long prompt", 0.9, "ttft50"),
+    # the chunked mean TPOT beside 6,000-token prompts is short (13.1 against 14.6 ms at the median): -11%
+    ("chunked", "long prompt", 0.6, "tpot50"),
+    # where half the requests wait for a slot the median sits at the edge of that mass: the share waiting more
+    # than 0.2 s is 0.467 (mixed) and 0.543 (chunked) in the closed form against 0.410 and 0.509 simulated
+    # (three seeds of 50,000 requests), so the median TTFT is +38% and +37%
+    ("mixed", "long prompt", 0.9, "ttft50"), ("chunked", "long prompt", 0.9, "ttft50"),
 }
-LONG_RUN_REQUESTS = 12_000
-"""Requests simulated where the queues have a long memory: KV memory binding near capacity (long prompts at
-0.8 and 0.9), where a run of 1,500 requests has not reached its steady state (its p90 TTFT is half the
-long-run one), and every case at 0.9, where the decode batch relaxes in a lifetime / (1 - rho_d) (~20 s
-for the disaggregated chat case, whose 1,500 requests span 27 s: its p90 TPOT was then +23%, and -9%
-over 12,000). Elsewhere the closed form, which describes the steady state, would be compared with a
-transient."""
+"""Figures of the record outside the bounds, and why."""
+
+LIVE_GAPS = {
+    # the prefill pool's bulk steps (step_chain): this one seed of 1,500 requests is a short run of a queue with a
+    # long memory: +12% (the record: see its table)
+    ("disaggregated", "chat", 0.3, "ttft90"),
+}
+LIVE_REQUESTS = 1500
 
 
-def _requests(case) -> int:
-    long_memory = case.utilisation >= 0.9 or (case.workload == "long prompt" and case.utilisation >= 0.8)
-    return LONG_RUN_REQUESTS if long_memory else 1500
+def _case(row: dict) -> Case:
+    return Case(row["mode"], row["workload"], row["utilisation"])
+
+
+def _key(case: Case, metric: str) -> tuple[str, str, float, str]:
+    return case.mode, case.workload, case.utilisation, metric
+
+
+def _error(closed: dict, simulated: dict, metric: str) -> float:
+    return closed[metric] / simulated[metric] - 1
+
+
+def _check(rows: list[tuple[Case, dict, dict]], gaps) -> None:
+    """Every figure within its bound, but for the known ``gaps``: those beyond it (a mended one comes off the
+    list) and within a factor 2.5."""
+    outside, worse, mended = [], [], []
+    for case, closed, simulated in rows:
+        bound = 0.1 if case.utilisation <= 0.8 else 0.2
+        for k in METRICS:
+            err = _error(closed, simulated, k)
+            if _key(case, k) in gaps:
+                if abs(math.log1p(err)) > math.log(2.5):
+                    worse.append((_key(case, k), f"{err:+.0%}"))
+                if abs(err) <= bound:
+                    mended.append((_key(case, k), f"{err:+.0%}"))
+            elif abs(err) > bound:
+                outside.append((_key(case, k), f"{err:+.0%}"))
+    assert not outside, outside
+    assert not worse, worse
+    assert not mended, mended
 
 
 @pytest.fixture(scope="module")
-def rows():
-    return [run(c, _requests(c)) for c in cases()]
+def record() -> dict:
+    return json.loads(RECORD.read_text(encoding="utf-8"))
 
 
-def test_the_grid_has_36_cases_on_three_models_with_an_moe_and_a_sliding_window_model(rows):
+def test_the_grid_has_36_cases_on_three_models_with_an_moe_and_a_sliding_window_model(record):
     import calculator as pc
 
-    assert len(rows) == 36
-    models = {pc.load_model(r.case.model) for r in rows}
+    assert [_case(r) for r in record["rows"]] == cases()
+    assert len(record["rows"]) == 36 and record["seeds"] == [0, 1, 2]
+    assert {r["requests"] for r in record["rows"]} == {12_000, 50_000}
+    assert all(r["requests"] == (50_000 if long_memory(_case(r)) else 12_000) for r in record["rows"])
+    models = {pc.load_model(c.model) for c in cases()}
     assert len(models) == 3
     assert any(m.moe is not None for m in models) and any(m.num_sliding_layers for m in models)
 
 
-def test_closed_form_agrees_with_the_simulation(rows):
-    outside, gaps_worse = [], []
-    for r in rows:
-        bound = 0.1 if r.case.utilisation <= 0.8 else 0.2
-        for k in METRICS:
-            key = (r.case.mode, r.case.workload, r.case.utilisation, k)
-            err = r.error(k)
-            if key in KNOWN_GAPS:
-                if abs(math.log1p(err)) > math.log(2.5):
-                    gaps_worse.append((key, f"{err:+.0%}"))
-            elif abs(err) > bound:
-                outside.append((key, f"{err:+.0%}"))
-    assert not outside, outside
-    assert not gaps_worse, gaps_worse
+def test_the_record_holds_this_versions_closed_form(record):
+    """Every closed-form figure and rate of the record, recomputed (no simulation): a change to the serving
+    model that moves them must regenerate the record (``bench/serving_oracle.py``, the module docstring)."""
+    stale = []
+    for row in record["rows"]:
+        rate, closed = closed_figures(_case(row))
+        if not math.isclose(rate, row["rate"], rel_tol=1e-6):
+            stale.append((_key(_case(row), "rate"), rate, row["rate"]))
+        stale += [(_key(_case(row), k), closed[k], row["closed"][k]) for k in METRICS
+                  if not math.isclose(closed[k], row["closed"][k], rel_tol=1e-6)]
+    assert not stale, stale
 
 
-def test_most_of_the_grid_is_within_ten_percent(rows):
-    errors = sorted(abs(r.error(k)) for r in rows for k in METRICS)
-    assert errors[len(errors) // 2] < 0.05  # the median
-    assert sum(e <= 0.1 for e in errors) >= 0.8 * len(errors)
+@pytest.mark.parametrize("case", [Case("disaggregated", "long prompt", 0.8), Case("chunked", "chat", 0.6)],
+                         ids=lambda c: f"{c.mode}-{c.workload}-{c.utilisation}")
+def test_this_versions_simulation_reproduces_the_record(record, case):
+    """Seed 0 of a long-memory case (50,000 requests) and of a short-memory one (12,000), run again: the same
+    figures as the record's seed 0 (the simulation is seeded)."""
+    row = next(r for r in record["rows"] if _case(r) == case)
+    again = figures(simulated_trace(case, row["rate"], row["requests"], 0))
+    for k in METRICS:
+        assert again[k] == pytest.approx(row["simulated_by_seed"][0][k], rel=1e-9), k
+    # the pooled figures lie within the seeds' own
+    lo, hi = row["ttft90_range"]
+    assert lo <= row["simulated"]["ttft90"] <= hi
+
+
+def test_the_record_meets_the_acceptance_bounds_but_for_its_known_gaps(record):
+    _check([(_case(r), r["closed"], r["simulated"]) for r in record["rows"]], RECORD_GAPS)
+
+
+def test_most_of_the_record_is_within_ten_percent(record):
+    errors = np.sort([abs(_error(r["closed"], r["simulated"], k)) for r in record["rows"] for k in METRICS])
+    assert np.median(errors) < 0.05
+    assert np.mean(errors <= 0.1) >= 0.8
+
+
+def test_each_p90_ttft_gap_is_a_percentile_or_so_in_rank(record):
+    """Where a p90 falls on the flat edge of the requests that wait for a slot, a few percent of the requests
+    move it by 10-20%: each p90 TTFT gap of the record is between the simulated p85 and p95 (a short-prompt case
+    whose p90 is 2% off can be p96: its tail is steep, so rank is no measure there)."""
+    ranks = {_key(_case(r), "ttft90"): r["ttft90_rank"] for r in record["rows"]}
+    gaps = [k for k in RECORD_GAPS if k[3] == "ttft90"]
+    assert all(0.85 <= ranks[k] <= 0.95 for k in gaps), {k: ranks[k] for k in gaps}
+
+
+@pytest.fixture(scope="module")
+def live():
+    return [run(c, LIVE_REQUESTS) for c in cases() if not long_memory(c)]
+
+
+def test_a_short_live_run_meets_the_bounds_but_for_its_known_gaps(live):
+    assert len(live) == 24
+    _check([(r.case, r.closed, r.simulated) for r in live], LIVE_GAPS)
