@@ -9,14 +9,15 @@ For each case it prints p50 and p90 TTFT and TPOT from ``evaluate``'s closed for
     python bench/serving_oracle.py [--requests 1500] [--long-requests 50000] [--seeds 1]
                                    [--write docs/serving-validation.md]
 
-The record: ``--requests 12000 --seeds 3`` (about 25 minutes on 2 cores): 12,000 simulated requests a
-case, and ``--long-requests`` (50,000, the simulation's most) where the queues have a long memory
-(``long_memory``). ``--seeds N`` simulates each case with seeds 0 ... N - 1 and compares the closed form
-with the percentiles of all N runs' requests together; the table then also shows the range of the
-simulated p90 TTFT over the seeds. Where KV memory binds near capacity a run of 12,000 requests is a
-transient, not the steady state: the long-prompt p90 TTFT at 0.8 of capacity was 0.44-0.54 s over three
-seeds of 12,000 (disaggregated) and is 0.38-0.44 s over the same seeds run to 50,000, whose pooled p90 is
-the reference the closed form describes.
+The record: ``--requests 12000 --seeds 3 --write docs/serving-validation.md --json
+docs/validation/serving-oracle.json`` (about 15 minutes on 2 cores): 12,000 simulated requests a case, and
+``--long-requests`` (50,000, the simulation's most) where the queues have a long memory (``long_memory``).
+``--seeds N`` simulates each case with seeds 0 ... N - 1 and compares the closed form with the percentiles of
+all N runs' requests together; the table then also shows the range of the simulated p90 TTFT over the seeds.
+Where KV memory binds near capacity the queue mixes slowly: a run of 12,000 requests samples a few congested or
+quiet stretches, not the steady state. The long-prompt p90 TTFT at 0.8 of capacity was 0.44-0.54 s over three
+seeds of 12,000 (disaggregated) and is 0.38-0.44 s over the same seeds run to 50,000, whose pooled p90 is the
+reference the closed form describes.
 ``--write`` puts the table (and the machine and the run time) into that page between its
 ``<!-- serving-oracle:begin -->`` and ``<!-- serving-oracle:end -->`` markers.
 
@@ -123,10 +124,10 @@ LONG_REQUESTS = 50_000
 
 
 def long_memory(case: Case) -> bool:
-    """Where a run of a few thousand requests is a transient: KV memory binding near capacity (long prompts
-    at 0.8 and 0.9), where the queue for a slot relaxes over hundreds of holds, and every case at 0.9, where
-    the decode batch relaxes in a lifetime / (1 - rho_d) (~20 s for the disaggregated chat case, whose 1,500
-    requests span 27 s). Long prompts at 0.8, disaggregated, p90 TTFT over seeds 0-2: 0.44-0.54 s at 12,000
+    """Where a run of a few thousand requests is far from the steady state (the queue mixes slowly): KV memory
+    binding near capacity (long prompts at 0.8 and 0.9), where the queue for a slot relaxes over hundreds of
+    holds, and every case at 0.9, where the decode batch relaxes in a lifetime / (1 - rho_d) (~20 s for the
+    disaggregated chat case, whose 1,500 requests span 27 s). Long prompts at 0.8, disaggregated, p90 TTFT over seeds 0-2: 0.44-0.54 s at 12,000
     requests, 0.38-0.44 s at 50,000."""
     return case.utilisation >= 0.9 or (case.workload == "long prompt" and case.utilisation >= 0.8)
 

@@ -7,8 +7,9 @@ cannot quietly get worse.
 The reference is the record, docs/validation/serving-oracle.json (with the table on
 docs/serving-validation.md): three seeds of 12,000 requests a case, and of 50,000 where the queues have a long
 memory (``long_memory``), whose requests are pooled. A shorter run is not a reference there: three seeds of
-12,000 requests put the KV-bound long-prompt p90 TTFT at 0.8 of capacity 13-15% above three of 50,000, and
-their 12,000-request windows spread over 0.13-0.57 s (disaggregated decode instance). Here:
+12,000 requests put the KV-bound long-prompt p90 TTFT at 0.8 of capacity 15-32% above the same seeds run to
+50,000, and 8,000-request windows of four 40,000-request runs of the disaggregated decode instance alone give
+a p90 slot wait from 0.13 to 0.57 s. Here:
 
 - the record's closed-form figures are this version's (so it cannot go stale: a change to the serving model
   must regenerate it), and this version's simulation reproduces its seed 0 exactly for a long-memory and a
@@ -45,8 +46,8 @@ RECORD = ROOT / "docs" / "validation" / "serving-oracle.json"
 
 RECORD_GAPS = {
     # KV memory binds (13 sequences of 6,000 tokens): the closed p90 is the simulation's p90.9. It falls on the
-    # flat edge of the requests that wait for a slot (simulated, 50,000 requests: P(TTFT > x) 0.097 at 0.40 s,
-    # 0.087 at 0.46 s), where the closed form's slot wait is a few percent too likely (P(wait > 0.2 s) 0.117
+    # flat edge of the requests that wait for a slot (simulated, the record's three seeds pooled: P(TTFT > x)
+    # 0.101 at 0.40 s, 0.091 at 0.46 s), where the closed form's slot wait is a few percent too likely (P(wait > 0.2 s) 0.117
     # against 0.112 simulated; 0.064 / 0.065 at 0.5 s): +12%
     ("disaggregated", "long prompt", 0.8, "ttft90"),
     # the chunked mean TPOT beside 6,000-token prompts is short (13.1 against 14.6 ms at the median): -11%
@@ -59,8 +60,8 @@ RECORD_GAPS = {
 """Figures of the record outside the bounds, and why."""
 
 LIVE_GAPS = {
-    # the prefill pool's bulk steps (step_chain): this one seed of 1,500 requests is a short run of a queue with a
-    # long memory: +12% (the record: see its table)
+    # the prefill pool's bulk steps (step_chain): +12% against this one seed of 1,500 requests, +7% against the
+    # record's three seeds of 12,000
     ("disaggregated", "chat", 0.3, "ttft90"),
 }
 LIVE_REQUESTS = 1500
@@ -132,14 +133,12 @@ def test_the_record_holds_this_versions_closed_form(record):
                          ids=lambda c: f"{c.mode}-{c.workload}-{c.utilisation}")
 def test_this_versions_simulation_reproduces_the_record(record, case):
     """Seed 0 of a long-memory case (50,000 requests) and of a short-memory one (12,000), run again: the same
-    figures as the record's seed 0 (the simulation is seeded)."""
+    figures as the record's seed 0 (the simulation is seeded; 1e-6 leaves room for another libm's last bits)."""
     row = next(r for r in record["rows"] if _case(r) == case)
+    assert row["simulated_by_seed"], "the record is written with --seeds 3 (each seed's figures)"
     again = figures(simulated_trace(case, row["rate"], row["requests"], 0))
     for k in METRICS:
-        assert again[k] == pytest.approx(row["simulated_by_seed"][0][k], rel=1e-9), k
-    # the pooled figures lie within the seeds' own
-    lo, hi = row["ttft90_range"]
-    assert lo <= row["simulated"]["ttft90"] <= hi
+        assert again[k] == pytest.approx(row["simulated_by_seed"][0][k], rel=1e-6), k
 
 
 def test_the_record_meets_the_acceptance_bounds_but_for_its_known_gaps(record):
@@ -155,7 +154,7 @@ def test_most_of_the_record_is_within_ten_percent(record):
 def test_each_p90_ttft_gap_is_a_percentile_or_so_in_rank(record):
     """Where a p90 falls on the flat edge of the requests that wait for a slot, a few percent of the requests
     move it by 10-20%: each p90 TTFT gap of the record is between the simulated p85 and p95 (a short-prompt case
-    whose p90 is 2% off can be p96: its tail is steep, so rank is no measure there)."""
+    whose p90 is 2% off is p94 in the record: its tail is steep, so rank is no measure there)."""
     ranks = {_key(_case(r), "ttft90"): r["ttft90_rank"] for r in record["rows"]}
     gaps = [k for k in RECORD_GAPS if k[3] == "ttft90"]
     assert all(0.85 <= ranks[k] <= 0.95 for k in gaps), {k: ranks[k] for k in gaps}

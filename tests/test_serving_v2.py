@@ -574,6 +574,9 @@ def test_the_step_chain_without_arrivals_or_without_spread():
     assert pmf[1] == pytest.approx([math.exp(-0.5) * 0.5**k / math.factorial(k) for k in range(4)]
                                    + [1 - sum(math.exp(-0.5) * 0.5**k / math.factorial(k) for k in range(4))], rel=1e-12)
     assert pmf[2].sum() == pytest.approx(1.0, rel=1e-12) and pmf[2, 0] > pmf[1, 0]  # the mixture: more at 0
+    # a spread so small that the gamma's shape mu^2 / mix overflows is Poisson too (no NaN, no mass at the top)
+    tiny = _arrival_pmf(np.array([0.5, 1e-300]), np.array([1e-310, 1e-300]), 0.25, 4)
+    assert tiny[0] == pytest.approx(pmf[1], rel=1e-12) and tiny[1] == pytest.approx([1, 0, 0, 0, 0], abs=1e-15)
     e_b, e_t, e_t2, _ = chain_moments(np.array([0.0]), 0.02, 0.01, 8.0, 0.25)
     assert e_b[0] == pytest.approx(1.0, rel=1e-12) and e_t[0] == pytest.approx(0.03, rel=1e-12)
     hand = 1 + 0.1 - (1 - math.exp(-0.1))

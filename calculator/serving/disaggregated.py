@@ -243,15 +243,16 @@ def _arrival_pmf(mu: np.ndarray, mix: np.ndarray, cv2: float, counts: int) -> np
     n = np.arange(counts + 1, dtype=float)
     log_fact = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, counts + 1)))])
     mu, mix = mu[:, None], mix[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
         log_pmf = np.where(n == 0, 0.0, n * np.log(mu)) - mu - log_fact  # Poisson (n log mu is 0 at n = 0)
         if cv2 > 0:
-            r = mu**2 / mix
+            r = mu**2 / mix  # the gamma's shape: where it is not a positive float the mix is Poisson to rounding
             p = mu / (mu + r)
             # log Gamma(n + r) - log Gamma(r) = sum_{i < n} log(r + i)
             rising = np.concatenate([np.zeros_like(r), np.cumsum(np.log(r + n[None, :-1]), axis=-1)], axis=-1)
             mixed = rising - log_fact + r * np.log1p(-p) + np.where(n == 0, 0.0, n * np.log(p))
-            log_pmf = np.where((mix > 0) & (mu > 0), mixed, log_pmf)
+            ok = (mix > 0) & (mu > 0) & np.isfinite(r) & (r > 0)
+            log_pmf = np.where(ok & np.isfinite(mixed).all(axis=-1, keepdims=True), mixed, log_pmf)
     pmf = np.exp(np.nan_to_num(log_pmf, nan=-np.inf))
     pmf[:, -1] += np.maximum(1 - pmf.sum(axis=-1), 0.0)
     return pmf
