@@ -48,10 +48,10 @@ GRID_MEMORY_BYTES = 80e9
 """The grid of record runs the H100 at 80e9 bytes (its datasheet's 80 GB read as decimal GB, as the
 database did before it took the runtime's 81,559 MiB), so that KV memory binds at 13 sequences
 of the long-prompt case: the regime the grid was built to test. At the runtime's memory the same
-case admits 22, and there the p90 TTFT is short where the wait given a wait matters (12,000 requests,
-seed 0, 2026-12-06: -22% mixed, -24% chunked and +3% disaggregated at 0.8; -5%, -14% and -7% at 0.9;
-before the stalls' batches -38% mixed, +14% chunked and +31% disaggregated at 0.8, +51% chunked at 0.9;
-an open gap: docs/serving-validation.md)."""
+case admits 22; three seeds of 50,000 requests there (2026-12-06) put the closed form's p90 TTFT at +13%
+(mixed), -4% (chunked) and +18% (disaggregated) at 0.8, the simulated p90.7, p89.6 and p92.2, and at +6%, -5%
+and +4% at 0.9, with medians at 0.9 of +17%, +11% and +11% (one seed of 12,000 requests had given -22%, -24%
+and +3% at 0.8: a congested stretch; docs/serving-validation.md)."""
 
 
 def grid_gpu():
