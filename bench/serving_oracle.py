@@ -127,8 +127,8 @@ def long_memory(case: Case) -> bool:
     """Where a run of a few thousand requests is far from the steady state (the queue mixes slowly): KV memory
     binding near capacity (long prompts at 0.8 and 0.9), where the queue for a slot relaxes over hundreds of
     holds, and every case at 0.9, where the decode batch relaxes in a lifetime / (1 - rho_d) (~20 s for the
-    disaggregated chat case, whose 1,500 requests span 27 s). Long prompts at 0.8, disaggregated, p90 TTFT over seeds 0-2: 0.44-0.54 s at 12,000
-    requests, 0.38-0.44 s at 50,000."""
+    disaggregated chat case, whose 1,500 requests span 27 s). Long prompts at 0.8, disaggregated, p90 TTFT
+    over seeds 0-2: 0.44-0.54 s at 12,000 requests, 0.38-0.44 s at 50,000."""
     return case.utilisation >= 0.9 or (case.workload == "long prompt" and case.utilisation >= 0.8)
 
 
@@ -140,7 +140,9 @@ def requests_for(case: Case, requests: int, long_requests: int = LONG_REQUESTS) 
 def run_seeds(case: Case, requests: int, seeds: int) -> Row:
     """``run`` with seeds 0 ... seeds - 1: the simulated figures are the percentiles of all their measured
     requests together (each seed's p90 TTFT is kept as the range)."""
-    rows, traces = zip(*(_run(case, requests, s) for s in range(seeds)))
+    setup = _setup(case)
+    rate, closed = closed_figures(case, setup)  # once: the seeds share the case's rate and closed form
+    rows, traces = zip(*(_run(case, requests, s, setup, (rate, closed)) for s in range(seeds)))
     ttft = np.concatenate([t.ttft_s for t in traces])
     tpot = np.concatenate([t.tpot_s[np.isfinite(t.tpot_s)] for t in traces])
     simulated = {"ttft50": float(np.percentile(ttft, 50)), "ttft90": float(np.percentile(ttft, 90)),
@@ -154,13 +156,18 @@ def run(case: Case, requests: int = 1500, seed: int = 0) -> Row:
     return _run(case, requests, seed)[0]
 
 
-def closed_figures(case: Case) -> tuple[float, dict[str, float]]:
-    """(the case's rate, req/s: its utilisation times the closed form's capacity; the closed form's p50 and
-    p90 TTFT and TPOT there, s)."""
+def _setup(case: Case):
+    """(model, deployment, workload at 1 req/s, pool models on the grid's GPU) of a case."""
     m = load_model(case.model)
     d = case.deployment()
     w0 = Workload(rate=1.0, **WORKLOADS[case.workload][1])
-    pools = tuple(PoolModel.build(m, p, w0, grid_gpu()) for p in d.pools)
+    return m, d, w0, tuple(PoolModel.build(m, p, w0, grid_gpu()) for p in d.pools)
+
+
+def closed_figures(case: Case, setup=None) -> tuple[float, dict[str, float]]:
+    """(the case's rate, req/s: its utilisation times the closed form's capacity; the closed form's p50 and
+    p90 TTFT and TPOT there, s)."""
+    m, d, w0, pools = setup or _setup(case)
     rate = case.utilisation * capacity(m, d, w0, pools)
     w = w0.model_copy(update={"rate": rate})
     closed = {}
@@ -170,13 +177,10 @@ def closed_figures(case: Case) -> tuple[float, dict[str, float]]:
     return rate, closed
 
 
-def simulated_trace(case: Case, rate: float, requests: int, seed: int):
+def simulated_trace(case: Case, rate: float, requests: int, seed: int, setup=None):
     """The simulation of the case at ``rate`` (same step times as the closed form): its ``Trace``."""
-    m = load_model(case.model)
-    d = case.deployment()
-    w = Workload(rate=rate, **WORKLOADS[case.workload][1])
-    pools = tuple(PoolModel.build(m, p, w.model_copy(update={"rate": 1.0}), grid_gpu()) for p in d.pools)
-    return run_deployment(m, d, w, pools, requests, seed)
+    m, d, w0, pools = setup or _setup(case)
+    return run_deployment(m, d, w0.model_copy(update={"rate": rate}), pools, requests, seed)
 
 
 def figures(trace) -> dict[str, float]:
@@ -185,9 +189,10 @@ def figures(trace) -> dict[str, float]:
             "tpot90": trace.tpot_p(90)}
 
 
-def _run(case: Case, requests: int, seed: int):
-    rate, closed = closed_figures(case)
-    trace = simulated_trace(case, rate, requests, seed)
+def _run(case: Case, requests: int, seed: int, setup=None, closed_at=None):
+    setup = setup or _setup(case)
+    rate, closed = closed_at or closed_figures(case, setup)
+    trace = simulated_trace(case, rate, requests, seed, setup)
     return Row(case, rate, closed, figures(trace), requests=requests,
                ttft90_rank=float(np.mean(trace.ttft_s <= closed["ttft90"]))), trace
 

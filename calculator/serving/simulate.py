@@ -468,10 +468,10 @@ def simulate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
 
     Slower than ``evaluate`` (about a second per thousand requests with long outputs) and seeded, so
     repeatable. ``requests`` is how many are measured (100 ... 50,000). Near capacity, and where KV memory
-    binds, the queues mix slowly and a few thousand requests sample a few congested or quiet stretches, not the
-    steady state that ``evaluate`` describes: there use 50,000 and several seeds (a KV-bound p90 TTFT at 0.8 of capacity
-    moved by 15-32% between three seeds of 12,000 requests and the same seeds run to 50,000; the serving
-    validation page, docs/serving-validation.md). ``replay`` (a trace file, see
+    binds, the queues mix slowly and a few thousand requests sample a few congested or quiet stretches, not
+    the steady state that ``evaluate`` describes: there use 50,000 and several seeds (a KV-bound p90 TTFT at
+    0.8 of capacity moved by 15-32% between three seeds of 12,000 requests and the same seeds run to 50,000;
+    the serving validation page, docs/serving-validation.md). ``replay`` (a trace file, see
     ``calculator.traces``) plays the trace's own requests, arrival times and lengths, instead of drawing
     them from ``workload`` (whose ``prefix_hit`` still applies); at most 50,000 requests of it.
     """
