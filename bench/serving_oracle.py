@@ -38,7 +38,7 @@ import numpy as np
 from calculator import load_gpu, load_model
 from calculator.serving import Deployment, Pool, Workload, analyse
 from calculator.serving.base import PoolModel
-from calculator.serving.simulate import run_deployment
+from calculator.serving.simulate import MAX_SIM_REQUESTS, run_deployment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_name
@@ -119,7 +119,7 @@ def capacity(model, d: Deployment, w: Workload, pools) -> float:
     return lo
 
 
-LONG_REQUESTS = 50_000
+LONG_REQUESTS = MAX_SIM_REQUESTS
 """Simulated requests of a case whose queues have a long memory (``long_memory``): the simulation's most."""
 
 
@@ -216,13 +216,35 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def _integer_arg(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
+def _requests_arg(text: str) -> int:
+    """A simulated request count, as ``simulate`` takes them (100 ... MAX_SIM_REQUESTS)."""
+    n = _integer_arg(text)
+    if not 100 <= n <= MAX_SIM_REQUESTS:
+        raise argparse.ArgumentTypeError(f"must be in 100 ... {MAX_SIM_REQUESTS:,}, got {n:,}")
+    return n
+
+
+def _seeds_arg(text: str) -> int:
+    n = _integer_arg(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=1500)
+    ap.add_argument("--requests", type=_requests_arg, default=1500)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--long-requests", type=int, default=LONG_REQUESTS,
+    ap.add_argument("--long-requests", type=_requests_arg, default=LONG_REQUESTS,
                     help="simulated requests where the queues have a long memory (long_memory)")
-    ap.add_argument("--seeds", type=int, default=1,
+    ap.add_argument("--seeds", type=_seeds_arg, default=1,
                     help="simulate seeds 0 ... N - 1 and take the percentiles of all their requests")
     ap.add_argument("--write", metavar="PAGE", help="put the table into this Markdown page between its markers")
     ap.add_argument("--json", metavar="FILE", help="write the rows as JSON (the record tests/test_serving_oracle.py "
