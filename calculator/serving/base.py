@@ -384,13 +384,81 @@ class PoolModel:
         return {"grid": grid, **{name: np.stack([self._cache[k][name] for k in keys]) for name in names}}
 
 
+@dataclass(frozen=True)
+class PoolRows:
+    """The pool models of a stacked analysis (``chunked.analyse_budgets``): row r of its (rows x rates)
+    arrays belongs to ``pools[owner[r]]``. A plan analyses every (GPU, tp) configuration's chunk budgets in
+    one call, since a call's cost is mostly its fixed part (numpy dispatch), not its cells. Each row's
+    figures are those its pool gives alone: its own batch grid and step tables (``grid``, 2-d where the
+    pools differ), its own limits."""
+
+    pools: tuple[PoolModel, ...]
+    owner: np.ndarray  # (rows,) index into ``pools``
+
+    @classmethod
+    def of(cls, pm: PoolModel | PoolRows, rows: int) -> PoolRows:
+        """``pm`` as rows: a lone pool model owns all ``rows``."""
+        return pm if isinstance(pm, PoolRows) else cls((pm,), np.zeros(rows, dtype=int))
+
+    @functools.cached_property
+    def groups(self) -> list[tuple[PoolModel, np.ndarray]]:
+        """(pool model, its rows) per pool, in pool order."""
+        return [(pm, np.flatnonzero(self.owner == i)) for i, pm in enumerate(self.pools)]
+
+    def column(self, fn: Callable[[PoolModel], float]) -> np.ndarray:
+        """fn(pool) per row, as a (rows, 1) column (one pool: a (1, 1) array that broadcasts)."""
+        if len(self.pools) == 1:
+            return np.array([[float(fn(self.pools[0]))]])
+        return np.array([float(fn(pm)) for pm in self.pools])[self.owner][:, None]
+
+    def map(self, fn: Callable[..., Any], *arrays) -> np.ndarray:
+        """fn(pool, *its rows of ``arrays``) assembled in row order (arrays broadcast to (rows, ...)); one
+        pool: fn(pool, *arrays) as they are."""
+        if len(self.pools) == 1:
+            return np.asarray(fn(self.pools[0], *arrays), dtype=float)
+        arrays = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in arrays))
+        shape = (self.owner.size, *arrays[0].shape[1:]) if arrays[0].ndim else (self.owner.size,)
+        arrays = [np.broadcast_to(a, shape) for a in arrays]
+        out = np.empty(shape)
+        for pm, ix in self.groups:
+            out[ix] = np.broadcast_to(fn(pm, *(a[ix] for a in arrays)), out[ix].shape)
+        return out
+
+
+def grid_take(grid: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """The batches at grid columns ``cols``: ``grid`` one grid (P,), or one per row (rows x P) with ``cols``
+    (W,) (a (rows, 1, W) result) or (rows, ..., W)."""
+    if grid.ndim == 1:
+        return grid[cols]
+    cols = np.asarray(cols)
+    if cols.ndim == 1:
+        return grid[:, None, cols]
+    g = grid.reshape(grid.shape[0], *([1] * (cols.ndim - 2)), grid.shape[1])
+    return np.take_along_axis(np.broadcast_to(g, (*cols.shape[:-1], grid.shape[1])), cols, -1)
+
+
 class GridLookup:
     """Piecewise-linear lookup of tables (rows x grid) at points ``x`` (rows x n): the bracketing
-    grid cells are found once and reused for every table read at the same points; inf stays inf."""
+    grid cells are found once and reused for every table read at the same points; inf stays inf.
+    ``grid`` is one grid for every row (P,) or one per row (rows x P, ``PoolRows``)."""
 
     def __init__(self, grid: np.ndarray, x: np.ndarray) -> None:
         x = np.atleast_2d(np.asarray(x, dtype=float))
         finite = np.isfinite(x)
+        if grid.ndim == 2:
+            first, last = grid[:, :1], grid[:, -1:]
+            xc = np.clip(np.where(finite, x, first), first, last)
+            # every row's own searchsorted, in one call: rows apart on a log scale (grids are positive)
+            span = float(np.log(grid.max() / grid.min())) + 1.0
+            offset = np.arange(grid.shape[0])[:, None] * span
+            keys = (np.log(grid) + offset).ravel()
+            hi = np.searchsorted(keys, (np.log(xc) + offset).ravel()).reshape(xc.shape)
+            hi = np.clip(hi - np.arange(grid.shape[0])[:, None] * grid.shape[1], 1, grid.shape[1] - 1)
+            rows = np.broadcast_to(np.arange(grid.shape[0])[:, None], hi.shape)
+            self._lo, self._hi = hi - 1, hi
+            self._frac = (xc - grid[rows, hi - 1]) / (grid[rows, hi] - grid[rows, hi - 1])
+            self._finite = finite
+            return
         xc = np.clip(np.where(finite, x, grid[0]), grid[0], grid[-1])
         hi = np.clip(np.searchsorted(grid, xc), 1, grid.size - 1)
         self._lo, self._hi = hi - 1, hi
@@ -459,20 +527,23 @@ def coarse_first_root(grid: np.ndarray, excess: Callable[[np.ndarray], np.ndarra
     7 budgets x 128 columns; this evaluates ~40 columns a cell. ``upper`` (broadcast to the result): the
     batch beyond which a root does not count (a batch limit), where no coarse point crosses.
     """
-    coarse = np.unique(np.r_[np.arange(0, grid.size, COARSE_ROOT_STRIDE), grid.size - 1])
+    points = grid.shape[-1]
+    coarse = np.unique(np.r_[np.arange(0, points, COARSE_ROOT_STRIDE), points - 1])
     g_c = excess(coarse)
     g_c = np.where(np.isnan(g_c), -np.inf, g_c)
     cross = g_c >= 0
     coarse_found = cross.any(axis=-1)
+    # a grid per row (rows x P, ``PoolRows``): its rows line up with the results' first axis
+    rows_grid = grid if grid.ndim == 1 else grid.reshape(grid.shape[0], *([1] * (g_c.ndim - 2)), points)
     # the fine window: the coarse interval that brackets the first crossing, or where none does, the two
     # around g's largest coarse value up to ``upper`` (a pair of roots between two coarse points straddles
     # g's peak; past a batch limit F is flat and g rises again, but a root there is unstable anyway)
-    peak = np.argmax(np.where(grid[coarse] <= np.asarray(upper)[..., None], g_c, -np.inf), axis=-1)
+    peak = np.argmax(np.where(rows_grid[..., coarse] <= np.asarray(upper)[..., None], g_c, -np.inf), axis=-1)
     j = np.where(coarse_found, np.argmax(cross, axis=-1), peak)
-    below = grid[0] - g_c[..., 0]  # g >= 0 at the first point: the root lies below it, where F is flat
+    below = rows_grid[..., 0] - g_c[..., 0]  # g >= 0 at the first point: the root lies below it, where F is flat
     start = coarse[np.maximum(j - 1, 0)]
-    cols = np.minimum(start[..., None] + np.arange(2 * COARSE_ROOT_STRIDE + 1), grid.size - 1)
-    _, window_found, _, inside = _first_crossing(grid[cols], excess(cols))
+    cols = np.minimum(start[..., None] + np.arange(2 * COARSE_ROOT_STRIDE + 1), points - 1)
+    _, window_found, _, inside = _first_crossing(grid_take(grid, cols), excess(cols))
     return np.where(coarse_found | window_found, np.where(coarse_found & (j == 0), below, inside), np.inf)
 
 
@@ -858,6 +929,8 @@ def seen(grid: np.ndarray, table: np.ndarray) -> np.ndarray:
     table = np.asarray(table, dtype=float)
     if table.ndim == 1:
         return np.interp(grid + 1, grid, table)
+    if grid.ndim == 2:  # a grid per row (``PoolRows``)
+        return np.stack([np.interp(g + 1, g, row) for g, row in zip(grid, table)])
     return np.stack([np.interp(grid + 1, grid, row) for row in table])
 
 
@@ -1231,8 +1304,14 @@ def _slot_wait_probability(lam, batch, c, hold, slope, full, stall=None) -> np.n
         out[plain] = _product_form_wait_probability(lam[plain], batch[plain], c[plain], hold[plain], slope[plain],
                                                     full[plain])
     if rows.any():
-        out[rows] = _batched_slot_wait_probability(lam[rows], batch[rows], c[rows], hold[rows], slope[rows],
-                                                   full[rows], np.minimum(stall[rows], 0.95))
+        # the chain runs over states 1 ... max(c) for every entry at once: entries of similar slot counts
+        # together (within a factor of 2), so one pool with thousands of slots does not widen every other
+        # pool's chain in a stacked analysis (``PoolRows``)
+        size = np.floor(np.log2(np.maximum(c, 1.0)))
+        for b in np.unique(size[rows]):
+            e = rows & (size == b)
+            out[e] = _batched_slot_wait_probability(lam[e], batch[e], c[e], hold[e], slope[e], full[e],
+                                                    np.minimum(stall[e], 0.95))
     return out
 
 

@@ -29,6 +29,7 @@ from .base import (
     GridLookup,
     ModeArrays,
     PoolModel,
+    PoolRows,
     PrefillService,
     SlotQueue,
     batch_grid,
@@ -36,6 +37,7 @@ from .base import (
     decode_step_at,
     full_batch_tpot_quantile,
     gap_amplification,
+    grid_take,
     interp_rows,
     mixture_quantile,
     seen,
@@ -62,10 +64,29 @@ def first_row(a: ModeArrays) -> ModeArrays:
     return ModeArrays(*(None if x is None else np.asarray(x)[0] for x in a.__dict__.values()))
 
 
-def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float, chunks: np.ndarray,
+def _tables(rows: PoolRows, ctx: float, grid_limit, limits, pieces, prompts_new, cached: float
+            ) -> dict[str, np.ndarray]:
+    """``PoolModel.chunked_tables`` of every row from its own pool: one grid where one pool owns them all,
+    else a grid per row (rows x points) beside the tables."""
+    if len(rows.pools) == 1:
+        return rows.pools[0].chunked_tables(ctx, float(grid_limit[0]), limits, pieces, prompts_new, cached)
+    parts = [(ix, pm.chunked_tables(ctx, float(grid_limit[ix[0]]), limits[ix], pieces[ix], prompts_new, cached))
+             for pm, ix in rows.groups]
+    out = {}
+    for name in parts[0][1]:
+        first = parts[0][1][name]
+        table = np.empty((rows.owner.size, first.shape[-1]))
+        for ix, t in parts:
+            table[ix] = t[name]
+        out[name] = table
+    return out
+
+
+def analyse_budgets(pm: PoolModel | PoolRows, w: Workload, total_rate: np.ndarray, p: float, chunks: np.ndarray,
                     instances: int, whole_prompts: bool | np.ndarray = False, joint: bool = False) -> ModeArrays:
     """Steps that carry every running decode plus prompt tokens, for several token budgets at once:
-    arrays of (budgets x rates).
+    arrays of (budgets x rates). ``pm`` is one pool model, or several (``PoolRows``: one per budget row,
+    each row as its pool alone would give it).
 
     Chunked (Sarathi): a prompt is cut into pieces of C - B tokens. With ``whole_prompts`` (the
     hybrid scheduler with chunking off) a prompt is one piece however long, so C only bounds how
@@ -75,16 +96,17 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
     """
     lam = np.atleast_2d(np.asarray(total_rate, dtype=float) / instances)
     chunks = np.asarray(chunks, dtype=float)
+    pm = PoolRows.of(pm, chunks.size)
     cached = w.isl.mean * w.prefix_hit
     isl_new = w.isl.mean - cached
     isl_q_new = w.isl.quantile(p) * (1 - w.prefix_hit)
     ctx = running_context(w)
-    grid_limit = pm.batch_limit(w)
+    grid_limit = pm.column(lambda m: m.batch_limit(w))[:, 0]
     whole = np.broadcast_to(np.asarray(whole_prompts, dtype=bool), chunks.shape)
     pieces = np.where(whole, max(isl_q_new, isl_new, w.isl.max) + grid_limit + 2, chunks)
     limits = np.where(whole, grid_limit, np.minimum(grid_limit, chunks - 1.0))
     limit = limits[:, None]
-    tab = pm.chunked_tables(ctx, grid_limit, limits, pieces, (isl_new, isl_q_new), cached)
+    tab = _tables(pm, ctx, grid_limit, limits, pieces, (isl_new, isl_q_new), cached)
     grid = tab["grid"]
 
     # TPOT(B) on the grid (``busy_tpot``), then the least root of B = lambda osl TPOT(B)
@@ -96,7 +118,7 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
 
     def excess(cols: np.ndarray) -> np.ndarray:
         """g(B) = B - lambda osl TPOT(B) at the grid columns ``cols`` ((W,) or budgets x rates x W)."""
-        b = grid[cols]
+        b = grid_take(grid, cols)
         t_d_g, s_g, k_g, full_g, seen_g = (t[row_ix, cols] for t in (
             tab["decode_only"], tab["prefill_0"], tab["iters_0"], tab["full"], seen_table))
         room_g = np.maximum(pieces[:, None, None] - b, 1.0)
@@ -147,7 +169,7 @@ def analyse_budgets(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float
                               per_step=np.floor(np.maximum(chunks[:, None] - b_cap, 1.0) / max(isl_new, 1.0)),
                               stall_gap_share=lam * pieces * gap_tpot, batched=batched,
                               interference=np.where(wh, "prefill interference", "prefill chunks"), joint=joint,
-                              prompt_s=lambda q: s_mean * _prefill_ratio(pm, w, q), x_full=x_full,
+                              prompt_s=lambda q: s_mean * pm.column(lambda m: _prefill_ratio(m, w, q)), x_full=x_full,
                               start_variance=start_var)
 
 
@@ -197,7 +219,7 @@ def busy_tpot(lam, batch, t_d, rho_x, work_s, t_b, cv2: float, ca2: float = 1.0)
     return np.where(ok, tpot, np.inf)
 
 
-def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, t_d, tpot, rho_x, rho_prefill, x_mean,
+def single_pool_arrays(pm: PoolModel | PoolRows, w: Workload, lam, p: float, batch, limit, t_d, tpot, rho_x, rho_prefill, x_mean,
                        work_s, s_mean, s_q, slope, piece_s, stall_gap_share, batched, interference, joint: bool,
                        prompt_s, own_steps, queued_s=None, shared_steps=None, per_step=None, x_full=None,
                        start_variance=None) -> ModeArrays:
@@ -220,11 +242,13 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     and queues FIFO (M/G/1 with Kingman's wait) beyond. ``start_variance``: what whole prompts queued
     behind a request's own step add to the variance of its TPOT (``_bulk_start``).
     """
+    pools = PoolRows.of(pm, 1)  # several pool models: each row's own (``analyse_budgets``)
     stable_decode = np.isfinite(batch) & (batch < limit) & (rho_prefill < 1) & (rho_x < 1)
     b_cap = np.minimum(batch, limit)
     cv2 = w.isl.cv**2
     tpot_var, _ = tpot_tail(tpot, rho_x, lam, x_mean, cv2, w, slope, b_cap, p, extra_variance=start_variance)
-    tpot_full = np.broadcast_to(full_batch_tpot(pm, w, limit, x_mean if x_full is None else x_full), np.shape(tpot))
+    tpot_full = np.broadcast_to(pools.map(lambda m, lim, x: full_batch_tpot(m, w, lim, x), limit,
+                                         x_mean if x_full is None else x_full), np.shape(tpot))
 
     # TTFT: the prompt queue (M/G/1, a prompt's whole time as service), the residual of the step in
     # progress, a batch slot (KV memory / batch cap) and the prompt's own time
@@ -251,7 +275,8 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     # its mean, the chain's 5.6x with the batches alone and 11.6x with both)
     stall = np.where(rho_x < 1, rho_x, 0.0)
     slots = SlotQueue.of(lam, batch, limit, hold, w.osl.cv**2 + life_cv2, w.osl.mean * slope,
-                         full_batch_hold(pm, w, own_steps, x_mean if x_full is None else x_full, limit),
+                         pools.map(lambda m, k, x, lim: full_batch_hold(m, w, k, x, lim), own_steps,
+                                  x_mean if x_full is None else x_full, limit),
                          ca2=w.arrival_cv**2,
                          stall_share=f.stall_batch_share(rho_x=stall, x_st=x_mean, H=np.maximum(hold, 1e-12)))
     aq, ap = slots.mean_s, slots.quantile_s(p)
@@ -272,8 +297,11 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
         # the step's line in its prompts, T(k) = T0 + tau k, through one and two prompts at the running batch:
         # the decodes' weight reads hide under a compute-bound prompt, so tau exceeds x (Llama-3.1-8B on H100, a
         # 1,000-token prompt beside 21 decodes: x 22 ms, tau 26 ms)
-        grid, two = _two_prompt_table(pm, w, float(np.max(np.where(np.isfinite(limit), limit, 1.0))))
-        tau = np.maximum(np.interp(np.where(bulk_cells, b_cap, 1.0), grid, two) - s_mean, 1e-12)
+        def two_at(m: PoolModel, lim, b) -> np.ndarray:
+            grid, two = _two_prompt_table(m, w, float(np.max(np.where(np.isfinite(lim), lim, 1.0))))
+            return np.interp(b, grid, two)
+
+        tau = np.maximum(pools.map(two_at, limit, np.where(bulk_cells, b_cap, 1.0)) - s_mean, 1e-12)
         t0 = np.maximum(s_mean - tau, 0.0)
         pw_b, theta_b, cv2_b = hybrid_bulk_wait(np.where(bulk_cells, lam, 0.0), t0, tau, per_step, w)
         bulk = (bulk_cells, pw_b, theta_b, cv2_b, tau, per_step)
@@ -304,7 +332,6 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     itl_p = np.where(stall_gap_share > 1 - p, piece_s * np.maximum(1.0, _scale(pm, w, q_stall)), plain)
 
     # utilisation: the share of each resource in use; the largest binds
-    kv_limit = pm.kv_limit(w)
     # without a batch root (the batch outgrows its slots): the slots the arrivals would hold at the TPOT of
     # a batch at the limit (no root below it: more than the limit), or where that TPOT is not finite, at
     # the plain step with the stalls' inflation while they fit
@@ -321,7 +348,7 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
     which = np.argmax(stacked, axis=0)
     binding = np.where((which == 0) | (which == 3), np.broadcast_to(interference, which.shape).astype(object),
                        np.where(which == 1, "decode bandwidth",
-                                "batch cap" if pm.batch_cap <= kv_limit else "KV memory"))
+                                _slot_resource(pools, w)))
     stable = stable_decode & (util < 1)
     inf = np.inf
     return ModeArrays(
@@ -330,6 +357,17 @@ def single_pool_arrays(pm: PoolModel, w: Workload, lam, p: float, batch, limit, 
         np.where(stable, itl_p, inf), None if levels is None else np.where(stable[..., None, :], levels, inf),
         np.where(stable, tpot_full, inf), np.where(stable, full_share, 1.0),
     )
+
+
+def _slot_resource(rows: PoolRows, w: Workload):
+    """What limits the batch: "batch cap" where the engine's cap is at or below the KV memory's limit, else
+    "KV memory" (a string for one pool model, a (rows, 1) column for several)."""
+    def name(m: PoolModel) -> str:
+        return "batch cap" if m.batch_cap <= m.kv_limit(w) else "KV memory"
+
+    if len(rows.pools) == 1:
+        return name(rows.pools[0])
+    return np.array([name(m) for m in rows.pools], dtype=object)[rows.owner][:, None]
 
 
 def _two_prompt_table(pm: PoolModel, w: Workload, limit: float) -> tuple[np.ndarray, np.ndarray]:
