@@ -30,7 +30,7 @@ from .formula import quieted
 from .kv_cache import kv_cache_bytes
 from .limits import MAX_CHUNK_BUDGETS, MAX_GPU_TYPES
 from .precision import KV_DTYPES, WEIGHT_DTYPES
-from .serving import analyse, check_context, chunked, in_steps, per_token, served
+from .serving import analyse, analyse_disaggregated, check_context, chunked, in_steps, per_token, served
 from .serving.base import (
     Deployment,
     Mode,
@@ -226,15 +226,6 @@ def _largest_meeting(rates: np.ndarray, ok: np.ndarray, margin: np.ndarray | Non
     return np.where(found & (last < rates.size - 1), refined, lo)
 
 
-def _capacity(model: ModelSpec, d: Deployment, w: Workload, slo: SLO, upper: float,
-              pools: tuple[PoolModel, ...]) -> tuple[float, float]:
-    """(the largest rate per instance below which the SLO holds on the grid, the least grid rate that misses it)."""
-    rates = rate_grid(upper, CAPACITY_GRID_POINTS)
-    a = analyse(model, d, w, rates, slo.p, pools, slo.attainment == "joint")
-    ok = a.meets(slo)
-    return float(_largest_meeting(rates, ok, a.margin(slo))[0]), float(_first_miss(rates, ok)[0])
-
-
 def _instances(rate: float, capacity: float) -> int:
     """Identical instances under Poisson splitting: N = ceil(rate / per-instance capacity)."""
     return math.ceil(rate / capacity - 1e-9) if capacity > 0 else MAX_INSTANCES + 1
@@ -246,13 +237,6 @@ def _with_instances(pool: Pool, n: int, whole_nodes: bool) -> Pool:
     if whole_nodes and per < NODE_GPUS:
         n = math.ceil(n / (NODE_GPUS // per)) * (NODE_GPUS // per)
     return pool.model_copy(update={"instances": n})
-
-
-def _candidate(model: ModelSpec, d: Deployment, w: Workload, slo: SLO, capacity: float,
-               pools: tuple[PoolModel, ...], whole_nodes: bool = False) -> Candidate | None:
-    """The deployment as a candidate if it meets the SLO at the workload's rate, else None."""
-    a = analyse(model, d, w, np.array([w.rate]), slo.p, pools, slo.attainment == "joint")
-    return _candidate_from(d, a, 0, w, slo, capacity, pools, whole_nodes) if bool(a.meets(slo)[0]) else None
 
 
 def _candidate_from(d: Deployment, a: ModeArrays, i, w: Workload, slo: SLO, capacity: float,
@@ -384,11 +368,6 @@ class _Group:
     trials: ModeArrays | None = None
 
 
-def _take_rows(a: ModeArrays, rows: slice) -> ModeArrays:
-    """Rows ``rows`` (first axis) of a stacked analysis."""
-    return ModeArrays(*(None if x is None else np.asarray(x)[rows] for x in a.__dict__.values()))
-
-
 def _stacked_budgets(singles: list[_Single], w: Workload, slo: SLO, budgets: np.ndarray, whole: np.ndarray,
                      rates: list[np.ndarray | None]) -> list[ModeArrays | None]:
     """``chunked.analyse_budgets`` of every configuration's budget rows (``budgets``, ``whole``) at its rates
@@ -413,7 +392,7 @@ def _stacked_budgets(singles: list[_Single], w: Workload, slo: SLO, budgets: np.
             a = chunked.analyse_budgets(pools, w_steps, lam, slo.p, np.tile(budgets, len(members)),
                                         1, np.tile(whole, len(members)), joint)
         for j, i in enumerate(members):
-            out[i] = served(per_token(_take_rows(a, slice(j * budgets.size, (j + 1) * budgets.size)), e), singles[i].pm)
+            out[i] = served(per_token(a.rows(slice(j * budgets.size, (j + 1) * budgets.size)), e), singles[i].pm)
     return out
 
 
@@ -703,28 +682,44 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
     Both are found without the other, so every pair is sized in closed form; full candidates are
     built for the cheapest prefill partners of each decode pool."""
     decode_side: list[tuple[_Single, Pool, float]] = []
-    for s in singles:
-        budget.check()
-        one = s.pm.pool.model_copy(update={"instances": 1})
-        # the decode side alone: a prefill pool too large to queue, so only decode limits this check
-        unbounded = s.pm.pool.model_copy(update={"instances": MAX_POOL_INSTANCES, "spec": None})
-        d = Deployment(mode="disaggregated", prefill=unbounded, decode=one, kv_link=kv_link)
-        upper = s.pm.batch_limit(w) / (w.osl.mean * float(s.pm.decode_s(1, w.isl.mean)))
-        # the decode side alone must meet the TPOT, and the TTFT with a prefill pool too large to queue
-        # (the prompt's own step, its KV move and the wait for a decode slot): a pair only adds to it
-        cap, first_miss = _capacity(m, d, w.model_copy(update={"rate": 1.0}), slo, upper, (s.pm, s.pm))
+    # every decode pool's capacity alone (a prefill pool too large to queue, so only decode limits it: it must
+    # meet the TPOT, and the TTFT with the prompt's own step, its KV move and the wait for a decode slot; a
+    # pair only adds to it), all in one call (``analyse_disaggregated``)
+    ones = [s.pm.pool.model_copy(update={"instances": 1}) for s in singles]
+    alone = [Deployment(mode="disaggregated", decode=one, kv_link=kv_link,
+                        prefill=s.pm.pool.model_copy(update={"instances": MAX_POOL_INSTANCES, "spec": None}))
+             for s, one in zip(singles, ones)]
+    grids = [rate_grid(s.pm.batch_limit(w) / (w.osl.mean * float(s.pm.decode_s(1, w.isl.mean))),
+                       CAPACITY_GRID_POINTS) for s in singles]
+    budget.check()
+    at_one = w.model_copy(update={"rate": 1.0})
+    graded = analyse_disaggregated(m, alone, [(s.pm, s.pm) for s in singles], at_one, grids, slo.p,
+                                   slo.attainment == "joint")
+    sized: list[tuple[int, list[Pool], float, float]] = []
+    for i, (one, rates, a) in enumerate(zip(ones, grids, graded)):
+        ok = a.meets(slo)
+        cap, first_miss = float(_largest_meeting(rates, ok, a.margin(slo))[0]), float(_first_miss(rates, ok)[0])
         n_d = _instances(w.rate, cap)
         if n_d > MAX_INSTANCES:
             continue
-        trials = [_with_instances(one, n_d + e, whole_nodes) for e in ROUNDING_STEPS if n_d + e >= 1]
-        # one decode instance at rate / N is N instances at rate (the prefill side is ignored here); each count
-        # at its rate and the loads just below it (RATE_BAND), and below the grid's first miss (``_first_miss``)
-        per_instance = np.array([w.rate / t.instances for t in trials])
-        a = analyse(m, d, w, (per_instance[:, None] * RATE_BAND).reshape(-1), slo.p, (s.pm, s.pm))
-        met = (a.stable & (a.tpot_p_s <= slo.tpot_s) & (a.ttft_p_s <= slo.ttft_s)).reshape(len(trials), -1)
-        ok = met.all(axis=-1) & (per_instance < first_miss)
+        sized.append((i, [_with_instances(one, n_d + e, whole_nodes) for e in ROUNDING_STEPS if n_d + e >= 1],
+                      cap, first_miss))
+    # one decode instance at rate / N is N instances at rate (the prefill side is ignored here); each count at its
+    # rate and the loads just below it (RATE_BAND), and below the grid's first miss (``_first_miss``); all pools'
+    # counts in one call (rows padded to the most counts with their last)
+    most = max((len(t) for _, t, _, _ in sized), default=0)
+    per_instance = [np.array([w.rate / t.instances for t in trials]) for _, trials, _, _ in sized]
+    budget.check()
+    tried = analyse_disaggregated(
+        m, [alone[i] for i, _, _, _ in sized], [(singles[i].pm, singles[i].pm) for i, _, _, _ in sized], w,
+        [(np.pad(r, (0, most - r.size), mode="edge")[:, None] * RATE_BAND).reshape(-1) for r in per_instance],
+        slo.p)
+    for (i, trials, cap, first_miss), r, a in zip(sized, per_instance, tried):
+        cells = r.size * RATE_BAND.size
+        met = (a.stable & (a.tpot_p_s <= slo.tpot_s) & (a.ttft_p_s <= slo.ttft_s))[:cells].reshape(r.size, -1)
+        ok = met.all(axis=-1) & (r < first_miss)
         if ok.any():
-            decode_side.append((s, trials[int(np.argmax(ok))], cap))
+            decode_side.append((singles[i], trials[int(np.argmax(ok))], cap))
     price = {"gpus": lambda pm, n: float(n), "cost": lambda pm, n: pm.gpu.price_usd_per_hour * n,
              "cost_per_token": lambda pm, n: pm.gpu.price_usd_per_hour * n}[objective]
     pairs: list[tuple[float, int, _Single, Pool, _Single, Pool, float, float]] = []
@@ -732,6 +727,10 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
     # the KV a decode instance receives per request: every tensor-parallel rank holds its own MLA latent
     kv_received = [float(kv_cache_bytes(m, w.isl.mean, dec.pm.pool.kv_dtype, tp=dec.pm.pool.tp))
                    for dec, _, _ in decode_side]
+    # p-quantile of arrival to end of prefill for N prefill instances (batched steps): from the fewest that keep
+    # up with the rate to four times as many (by then the queue is gone, and a TTFT that is still missed stays
+    # missed); every prefill pool in one call (``prefill_time`` of ``PoolRows``, rows padded with their last N)
+    sides: list[tuple[_Single, PrefillService, float, np.ndarray]] = []
     for p in singles:
         budget.check()
         if p.pm.pool.spec is not None:
@@ -739,16 +738,22 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
         service = PrefillService.of(p.pm, w, slo.p)
         if service.quantile_s >= slo.ttft_s:
             continue
-        # p-quantile of arrival to end of prefill for N prefill instances (batched steps): from the fewest
-        # that keep up with the rate to four times as many (by then the queue is gone, and a TTFT that
-        # is still missed stays missed)
         pool_rps = prefill_capacity(p.pm, w, PREFILL_BUDGET_TOKENS) * p.pm.pool.streams
         fewest = max(1, math.floor(w.rate / pool_rps)) if pool_rps > 0 else MAX_PREFILL_INSTANCES
         n = np.arange(fewest, min(MAX_PREFILL_INSTANCES, 4 * fewest + 16) + 1)
-        if n.size == 0:
-            continue
-        _, prefill_q, busy = prefill_time(p.pm, w, w.rate, n * p.pm.pool.streams, PREFILL_BUDGET_TOKENS, [slo.p])
-        prefill_q = prefill_q[..., 0]
+        if n.size:
+            sides.append((p, service, pool_rps, n))
+    if sides:
+        budget.check()
+        width = max(n.size for _, _, _, n in sides)
+        servers = np.stack([np.pad(n * p.pm.pool.streams, (0, width - n.size), mode="edge") for p, _, _, n in sides])
+        pres = PoolRows.each([p.pm for p, _, _, _ in sides])
+        with np.errstate(all="ignore"):
+            _, waits, busy_all = prefill_time(pres if len(sides) > 1 else sides[0][0].pm, w,
+                                              np.full(servers.shape, w.rate), servers, PREFILL_BUDGET_TOKENS, [slo.p])
+    for row, (p, service, pool_rps, n) in enumerate(sides):
+        budget.check()
+        prefill_q, busy = waits[row, :n.size, 0], busy_all[row, :n.size]
         stable = (busy < 1) & np.isfinite(prefill_q)
         for j, (dec, dec_pool, cap) in enumerate(decode_side):
             budget.check()
@@ -761,18 +766,28 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
             key = price(p.pm, pre_pool.num_gpus) + price(dec.pm, dec_pool.num_gpus)
             capacity = min(cap * dec_pool.instances, pre_pool.instances * pool_rps)
             pairs.append((key, j, p, pre_pool, dec, dec_pool, capacity, t_kv))
+    # each decode pool's cheapest partners, up to PAIRS_TRIED_PER_DECODE_POOL of them, at the workload's rate in
+    # one call; then in price order the first PARTNERS_PER_DECODE_POOL of each that meet the SLO
+    ranked = sorted(pairs, key=lambda x: x[0])
+    listed: dict[int, int] = {}
+    trial = []
+    for pair in ranked:
+        listed[pair[1]] = listed.get(pair[1], 0) + 1
+        if listed[pair[1]] <= PAIRS_TRIED_PER_DECODE_POOL:
+            trial.append(pair)
+    budget.check()
+    ds = [Deployment(mode="disaggregated", prefill=pre_pool, decode=dec_pool, kv_link=kv_link)
+          for _, _, _, pre_pool, _, dec_pool, _, _ in trial]
+    pools = [(p.pm, dec.pm) for _, _, p, _, dec, _, _, _ in trial]
+    analysed = analyse_disaggregated(m, ds, pools, w, [np.array([w.rate])] * len(trial), slo.p,
+                                     slo.attainment == "joint")
     out: list[Candidate] = []
     kept: dict[int, int] = {}
-    tried: dict[int, int] = {}
-    for _, j, p, pre_pool, dec, dec_pool, capacity, _t_kv in sorted(pairs, key=lambda x: x[0]):
-        if kept.get(j, 0) >= PARTNERS_PER_DECODE_POOL or tried.get(j, 0) >= PAIRS_TRIED_PER_DECODE_POOL:
+    for (_, j, _, _, _, _, capacity, _), d, pms, a in zip(trial, ds, pools, analysed):
+        if kept.get(j, 0) >= PARTNERS_PER_DECODE_POOL:
             continue
-        tried[j] = tried.get(j, 0) + 1
-        budget.check()
-        d = Deployment(mode="disaggregated", prefill=pre_pool, decode=dec_pool, kv_link=kv_link)
-        c = _candidate(m, d, w, slo, capacity, (p.pm, dec.pm), whole_nodes)
-        if c is not None:
-            out.append(c)
+        if bool(a.meets(slo)[0]):
+            out.append(_candidate_from(d, a, 0, w, slo, capacity, pms, whole_nodes))
             kept[j] = kept.get(j, 0) + 1
     return out, searched
 

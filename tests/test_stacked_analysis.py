@@ -75,3 +75,56 @@ def test_grid_lookup_with_a_grid_per_row() -> None:
     assert got[0, 4] == np.inf
     assert got[2, 4] == pytest.approx(np.sqrt(513.0) + 3)
     assert got[1, 2] == pytest.approx(np.sqrt(50.0) + 3, rel=1e-3)
+
+
+DISAGGREGATED = {
+    "llama-70b, pairs of different pools": ("llama-3.1-70b", pc.Workload(rate=12.0, isl=4000, osl=500),
+                                             ["h100-sxm", "h20", "a100-sxm-80gb"], "bf16", 0.9, False, "overlapped"),
+    "llama-8b joint, bursty, blocking move": ("llama-3.1-8b", pc.Workload(rate=20, isl={"mean": 1500, "cv": 0.8},
+                                                                          osl=300, arrival_cv=2.0),
+                                              ["h100-sxm", "l4"], "bf16", 0.99, True, "blocking"),
+    "moe fp8, dp ranks": ("qwen3-235b-a22b", pc.Workload(rate=12.0, isl=2000, osl=500), ["h100-sxm", "h20"], "fp8",
+                          0.9, False, "overlapped"),
+}
+
+
+@pytest.mark.parametrize("case", list(DISAGGREGATED))
+def test_stacked_pairs_equal_each_pair_alone(case: str) -> None:
+    """``analyse_disaggregated`` (a plan sizes every decode pool and tries every pair in one call) gives each
+    deployment what ``analyse`` gives it alone: rows of different prefill and decode pools, instance counts and
+    rates side by side, and two rows of the same decode pool."""
+    from calculator.serving import analyse, analyse_disaggregated
+    from calculator.serving.base import Deployment
+
+    model, w, gpus, dtype, p, joint, move = DISAGGREGATED[case]
+    m = pc.load_model(model)
+    singles = _singles(model, w, gpus, dtype)
+    ds, pools, rates = [], [], []
+    for i, s in enumerate(singles):
+        partner = singles[(i * 7 + 1) % len(singles)]
+        ds.append(Deployment(mode="disaggregated", kv_transfer=move,
+                             prefill=partner.pm.pool.model_copy(update={"instances": 2 + i % 2}),
+                             decode=s.pm.pool.model_copy(update={"instances": 1 + i % 3})))
+        pools.append((partner.pm, s.pm))
+        upper = s.pm.batch_limit(w) / (w.osl.mean * float(s.pm.decode_s(1, w.isl.mean)))
+        rates.append(rate_grid(upper * (1 + i % 3), 16))
+    ds.append(ds[0].model_copy(update={"prefill": ds[1].prefill}))  # the first decode pool again
+    pools.append((pools[1][0], pools[0][1]))
+    rates.append(rates[0])
+    with np.errstate(all="ignore"):
+        stacked = analyse_disaggregated(m, ds, pools, w, rates, p, joint)
+        alone = [analyse(m, d, w, r, p, pp, joint) for d, pp, r in zip(ds, pools, rates)]
+    finite = 0
+    for i, (a, b) in enumerate(zip(alone, stacked)):
+        for name, mine in a.__dict__.items():
+            theirs = getattr(b, name)
+            if mine is None:
+                assert theirs is None, name
+            elif np.asarray(mine).dtype.kind in "OUb":
+                assert (np.asarray(theirs).astype(str) == np.asarray(mine).astype(str)).all(), (name, i)
+            else:  # pools side by side share a step chain's arrival counts: the last ~1e-10
+                np.testing.assert_allclose(theirs, mine, rtol=1e-8, atol=0, err_msg=f"{name}, deployment {i}")
+        finite += int(np.isfinite(a.ttft_p_s).sum())
+    assert finite > 0.3 * sum(r.size for r in rates)
+    # the two rows of one decode pool share its figures to the last bit (the planner's ties in tokens/s per user)
+    assert np.array_equal(stacked[0].tpot_mean_s, stacked[-1].tpot_mean_s)

@@ -57,6 +57,26 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, rates, p: float,
         return served(per_token(a, e), pools[0])
 
 
+def analyse_disaggregated(model: ModelSpec, ds: Sequence[Deployment], pools: Sequence[tuple[PoolModel, PoolModel]],
+                          w: Workload, rates: Sequence[np.ndarray], p: float, joint: bool = False) -> list[ModeArrays]:
+    """``analyse`` of several disaggregated deployments at once: ``ds[i]`` on its (prefill, decode) pool models
+    ``pools[i]`` at the rates ``rates[i]`` (1-d, the same length for all), each one's arrays as ``analyse`` gives
+    them alone (``disaggregated.analyse_pairs``; speculative decode pools, whose outputs count in steps of their
+    own, in a call of their own). A plan sizes every decode pool and tries every pair this way."""
+    out: list[ModeArrays | None] = [None] * len(ds)
+    by_steps: dict[float, list[int]] = {}
+    for i, (_, dec) in enumerate(pools):
+        by_steps.setdefault(dec.tokens_per_step, []).append(i)
+    with np.errstate(all="ignore"):
+        for e, members in by_steps.items():
+            w_e = in_steps(w, e) if e > 1 else w
+            a = disaggregated.analyse_pairs(model, [ds[i] for i in members], [pools[i] for i in members], w_e,
+                                            np.stack([np.asarray(rates[i], dtype=float) for i in members]), p, joint)
+            for j, i in enumerate(members):
+                out[i] = served(per_token(a.rows(j), e), pools[i][0])
+    return out  # type: ignore[return-value]
+
+
 def served(a: ModeArrays, entry: PoolModel) -> ModeArrays:
     """A mode's arrays with TTFT as a client measures it (``served_ttft``): plus the request path of the
     engine that takes the request (the pool it enters; its profile's ``request_overhead_us``, 0 unless an

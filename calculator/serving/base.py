@@ -400,6 +400,26 @@ class PoolRows:
         """``pm`` as rows: a lone pool model owns all ``rows``."""
         return pm if isinstance(pm, PoolRows) else cls((pm,), np.zeros(rows, dtype=int))
 
+    @classmethod
+    def each(cls, pms: list[PoolModel]) -> PoolRows:
+        """One row per entry of ``pms`` (the same pool model in several rows is one pool)."""
+        index: dict[int, int] = {}
+        pools: list[PoolModel] = []
+        owner = []
+        for pm in pms:
+            if id(pm) not in index:
+                index[id(pm)] = len(pools)
+                pools.append(pm)
+            owner.append(index[id(pm)])
+        return cls(tuple(pools), np.array(owner, dtype=int))
+
+    def per_row(self, fn: Callable[[PoolModel], float]) -> float | np.ndarray:
+        """fn(pool): a float where one pool owns every row, else a (rows, 1) column (broadcasts against
+        (rows, rates) arrays; a lone pool's float keeps the caller's shapes as they were)."""
+        if len(self.pools) == 1:
+            return float(fn(self.pools[0]))
+        return self.column(fn)
+
     @functools.cached_property
     def groups(self) -> list[tuple[PoolModel, np.ndarray]]:
         """(pool model, its rows) per pool, in pool order."""
@@ -411,18 +431,26 @@ class PoolRows:
             return np.array([[float(fn(self.pools[0]))]])
         return np.array([float(fn(pm)) for pm in self.pools])[self.owner][:, None]
 
-    def map(self, fn: Callable[..., Any], *arrays) -> np.ndarray:
+    def map(self, fn: Callable[..., Any], *arrays) -> Any:
         """fn(pool, *its rows of ``arrays``) assembled in row order (arrays broadcast to (rows, ...)); one
-        pool: fn(pool, *arrays) as they are."""
+        pool: fn(pool, *arrays) as they are. Where fn returns a tuple of arrays, a tuple of them."""
         if len(self.pools) == 1:
-            return np.asarray(fn(self.pools[0], *arrays), dtype=float)
+            got = fn(self.pools[0], *arrays)
+            return tuple(np.asarray(g, dtype=float) for g in got) if isinstance(got, tuple) else np.asarray(
+                got, dtype=float)
         arrays = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in arrays))
         shape = (self.owner.size, *arrays[0].shape[1:]) if arrays[0].ndim else (self.owner.size,)
         arrays = [np.broadcast_to(a, shape) for a in arrays]
-        out = np.empty(shape)
+        outs: list[np.ndarray] | None = None
         for pm, ix in self.groups:
-            out[ix] = np.broadcast_to(fn(pm, *(a[ix] for a in arrays)), out[ix].shape)
-        return out
+            got = fn(pm, *(a[ix] for a in arrays))
+            parts = got if isinstance(got, tuple) else (got,)
+            if outs is None:
+                outs = [np.empty(shape) for _ in parts]
+            for o, g in zip(outs, parts):
+                o[ix] = np.broadcast_to(g, o[ix].shape)
+        assert outs is not None
+        return tuple(outs) if len(outs) > 1 else outs[0]
 
 
 def grid_take(grid: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -570,16 +598,29 @@ class PrefillService:
         return np.maximum(0.0, self.second_moment_s2 / np.asarray(self.mean_s) ** 2 - 1)
 
     @classmethod
-    def of(cls, pm: PoolModel, workload: Workload, p: float) -> PrefillService:
+    def of(cls, pm: PoolModel | PoolRows, workload: Workload, p: float) -> PrefillService:
+        """Cached per pool model; for several (``PoolRows``), their figures as (rows, 1) columns."""
+        if isinstance(pm, PoolRows):
+            each = [cls.of(m, workload, p) for m in pm.pools]
+            if len(each) == 1:
+                return each[0]
+            return cls(*(np.array([getattr(e, a) for e in each])[pm.owner][:, None]  # type: ignore[arg-type]
+                         for a in ("mean_s", "second_moment_s2", "quantile_s")))
         key = ("prefill", float(p), workload.isl, workload.prefix_hit)
         if key not in pm._cache:
             pm._cache[key] = cls._compute(pm, workload, p)
         return pm._cache[key]
 
     @staticmethod
-    def excess_s(pm: PoolModel, workload: Workload, levels) -> np.ndarray:
+    def excess_s(pm: PoolModel | PoolRows, workload: Workload, levels) -> np.ndarray:
         """The prefill time of the prompt at each of ``levels`` of the length distribution, less the
-        mean prefill time (``PrefillService.of(...).quantile_s - mean_s``, all levels in one call)."""
+        mean prefill time (``PrefillService.of(...).quantile_s - mean_s``, all levels in one call); for several
+        pool models (``PoolRows``, 1-d ``levels``), (rows, 1, levels)."""
+        if isinstance(pm, PoolRows):
+            if len(pm.pools) == 1:
+                return PrefillService.excess_s(pm.pools[0], workload, levels)
+            each = np.stack([PrefillService.excess_s(m, workload, levels) for m in pm.pools])
+            return each[pm.owner][:, None, :]
         levels = np.asarray(levels, dtype=float)
         if workload.isl.samples is None and workload.isl.cv == 0:
             return np.zeros(levels.shape)
@@ -1347,21 +1388,25 @@ def _batched_slot_wait_probability(lam, batch, c, hold, slope, full, rho) -> np.
     lam_b = lam * (1 - q)
     m_lo = np.floor(c)
     rows = np.arange(lam.size)
+    # one chain, the larger count's (m_lo + 1): below a cap the states hold at the linear hold whichever the cap,
+    # so the smaller count's chain is its states below m_lo, which this one shares
+    m_hi = m_lo + 1
+    k = np.arange(1.0, float(m_hi.max()) + 1.0)  # states 1 ... max(m)
+    linear = np.clip(hold[:, None] + slope[:, None] * (k[None, :] - 1 - batch[:, None]), 1e-12, full[:, None])
+    hold_k = np.where(k[None, :] < m_hi[:, None], linear, full[:, None])
+    mu = np.minimum(k[None, :], m_hi[:, None]) / hold_k
+    # log a(n), n = 0 ... max(m) - 1
+    log_a = np.log(lam_b)[:, None] + np.concatenate(
+        [np.zeros((lam.size, 1)), np.cumsum(np.log(q[:, None] + lam_b[:, None] / mu[:, :-1]), axis=1)], axis=1)
+    log_pi = log_a - np.log(mu)  # pi(1 ... max(m)), unnormalised (pi(0) = 1)
     out = []
-    for m in (m_lo, m_lo + 1):
-        k = np.arange(1.0, float(m.max()) + 1.0)  # states 1 ... max(m)
+    for m in (m_lo, m_hi):
         below_cap = k[None, :] < m[:, None]
-        hold_k = np.where(below_cap, np.clip(hold[:, None] + slope[:, None] * (k[None, :] - 1 - batch[:, None]),
-                                             1e-12, full[:, None]), full[:, None])
-        mu = np.minimum(k[None, :], m[:, None]) / hold_k
-        # log a(n), n = 0 ... max(m) - 1
-        log_a = np.log(lam_b)[:, None] + np.concatenate(
-            [np.zeros((lam.size, 1)), np.cumsum(np.log(q[:, None] + lam_b[:, None] / mu[:, :-1]), axis=1)], axis=1)
-        log_pi = log_a - np.log(mu)  # pi(1 ... max(m)), unnormalised (pi(0) = 1)
-        shift = np.maximum(log_pi.max(axis=1), 0.0)
+        top = log_a[rows, m.astype(int) - 1]  # the queue beyond the cap starts from a(m - 1)
+        shift = np.maximum(np.maximum(np.where(below_cap, log_pi, -np.inf).max(axis=1), top), 0.0)  # no overflow
         below = np.exp(-shift) + np.where(below_cap, np.exp(log_pi - shift[:, None]), 0.0).sum(axis=1)
         r = lam * full / m
-        queue = np.exp(log_a[rows, m.astype(int) - 1] - shift) * full / (m * (1 - q) * np.maximum(1 - r, 1e-300))
+        queue = np.exp(top - shift) * full / (m * (1 - q) * np.maximum(1 - r, 1e-300))
         out.append(np.where(r < 1, queue / (below + queue), 1.0))
     frac = c - m_lo
     return (1 - frac) * out[0] + frac * out[1]
@@ -1435,6 +1480,10 @@ class ModeArrays:
     ttft_levels_s: np.ndarray | None = None  # TTFT at ATTAINMENT_LEVELS (levels x rates), joint SLOs only
     tpot_full_s: np.ndarray | None = None  # TPOT beside a full batch, of the requests that waited for a slot
     tpot_full_share: np.ndarray | None = None  # their share (``full_batch_tpot_quantile``; None: none)
+
+    def rows(self, index) -> ModeArrays:
+        """The arrays of rows ``index`` (first axis) of a stacked analysis (an int: one row's, as alone)."""
+        return ModeArrays(*(None if x is None else np.asarray(x)[index] for x in self.__dict__.values()))
 
     def margin(self, slo: SLO) -> np.ndarray:
         """How far inside the SLO each rate is: the smallest of 1 - metric / target over the SLO's

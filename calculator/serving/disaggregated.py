@@ -33,6 +33,7 @@ from .base import (
     Deployment,
     ModeArrays,
     PoolModel,
+    PoolRows,
     PrefillService,
     SlotQueue,
     _erf,
@@ -44,6 +45,7 @@ from .base import (
     excess_sum,
     first_root,
     full_batch_tpot_quantile,
+    interp_rows,
     gamma_arrival_wait_probability,
     product_form_step_moments,
     quantile_table_tail,
@@ -83,7 +85,13 @@ def kv_move_s(model: ModelSpec, kv_bytes: float, pre: PoolModel, dec: PoolModel,
 
 def step_table(pre: PoolModel, w: Workload, budget_tokens: int) -> tuple[float, np.ndarray, np.ndarray]:
     """(most prompts a step holds, batch grid, prefill step time s over it) for the mean prompt:
-    piecewise linear in the batch, on a geometric grid from 1 to the token budget's worth. Cached."""
+    piecewise linear in the batch, on a geometric grid from 1 to the token budget's worth. Cached. For several
+    pool models (``PoolRows``) a table per row (rows x grid); the grid is the budget's alone."""
+    if isinstance(pre, PoolRows):
+        parts = [step_table(m, w, budget_tokens) for m in pre.pools]
+        if len(parts) == 1:
+            return parts[0]
+        return parts[0][0], parts[0][1], np.stack([t for _, _, t in parts])[pre.owner]
     most = max(1.0, math.floor(budget_tokens / w.isl.mean))
     key = ("prefill_batch", w.isl.mean, w.prefix_hit, most)
     if key not in pre._cache:
@@ -103,6 +111,11 @@ def prefill_batch(pre: PoolModel, w: Workload, lam_server, budget_tokens: int) -
     builds more slowly than at batch 1."""
     most, grid, table = step_table(pre, w, budget_tokens)
     lam = np.asarray(lam_server, dtype=float)
+    if table.ndim == 2:  # a table per row (``PoolRows``): ``lam`` is (rows, ...)
+        arrivals = lam[..., None] * table.reshape(table.shape[0], *([1] * (lam.ndim - 1)), grid.size)
+        b = first_root(grid, grid - np.asarray(f.prefill_step_batch(N_a=arrivals), dtype=float))
+        b = np.clip(np.where(np.isfinite(b), b, most), 1.0, most)
+        return b, interp_rows(grid, table, b.reshape(table.shape[0], -1)).reshape(b.shape)
     arrivals = lam.reshape(-1)[:, None] * table[None, :]
     gap = grid[None, :] - np.asarray(f.prefill_step_batch(N_a=arrivals), dtype=float)
     b = first_root(grid, gap)
@@ -171,6 +184,10 @@ def _step_line(pre: PoolModel, w: Workload, budget_tokens: int) -> tuple[float, 
     """(most prompts a step holds, T(1) s, tau s): the prefill step time as T(b) = T_0 + tau b over
     ``step_table``'s end points, tau at most T(1)."""
     most, grid, table = step_table(pre, w, budget_tokens)
+    if table.ndim == 2:  # several pool models: (rows, 1) columns
+        t1_rows = table[:, :1]
+        tau_rows = (table[:, -1:] - t1_rows) / (grid[-1] - 1) if grid[-1] > 1 else t1_rows
+        return most, t1_rows, np.minimum(tau_rows, t1_rows)  # type: ignore[return-value]
     t1 = float(table[0])
     tau = float((table[-1] - t1) / (grid[-1] - 1)) if grid[-1] > 1 else t1
     return most, t1, min(tau, t1)
@@ -272,14 +289,19 @@ def step_chain(pre: PoolModel, w: Workload, lam, budget_tokens: int, backlog: bo
     ``CHAIN_STATES`` queue lengths are kept on a grid, each count split between its two neighbours. Arrivals are weighed count by count up to ``ARRIVAL_COUNTS``; a step expecting more
     takes them as a normal (its negative binomial's shape is then large)."""
     most, t1, tau = _step_line(pre, w, budget_tokens)
-    return chain_moments(lam, t1 - tau, tau, most, w.isl.cv**2, backlog=backlog)
+    groups = None
+    if isinstance(pre, PoolRows) and len(pre.pools) > 1:  # each pool's chain with the states it has alone
+        groups = pre.owner.reshape(-1, *([1] * (np.ndim(lam) - 1)))
+    return chain_moments(lam, t1 - tau, tau, most, w.isl.cv**2, backlog=backlog, groups=groups)
 
 
-def chain_moments(lam, t0, tau, most: float, cv2: float, backlog: bool = False) -> tuple[np.ndarray, ...]:
+def chain_moments(lam, t0, tau, most: float, cv2: float, backlog: bool = False, groups=None) -> tuple[np.ndarray, ...]:
     """``step_chain`` for steps T(b) = ``t0`` + ``tau`` b of at most ``most`` prompts, prompt lengths of squared cv
     ``cv2``; ``t0`` and ``tau`` may vary with ``lam`` (arrays that broadcast to it: an instance whose steps also
     carry its running decodes, ``hybrid_bulk_wait``). With ``backlog``, also (E[K], E[K^2]) of the full steps an
-    arrival waits beyond the next one (``_backlog_steps``)."""
+    arrival waits beyond the next one (``_backlog_steps``). ``groups`` (ints that broadcast to ``lam``): cells of
+    different pool models in one call (``PoolRows``); each group's chain keeps the states it has alone (its
+    ``_closed_top``), and groups of the same states solve together."""
     lam = np.asarray(lam, dtype=float)
     flat = lam.reshape(-1)
     t0 = np.broadcast_to(np.asarray(t0, dtype=float), lam.shape).reshape(-1)[:, None]
@@ -292,10 +314,17 @@ def chain_moments(lam, t0, tau, most: float, cv2: float, backlog: bool = False) 
     budgets = np.where(load < 1, BACKLOG_SPAN * load / np.maximum(1 - load, 1e-9), np.inf)
     extra = np.minimum(full * 2.0 ** np.ceil(np.log2(np.maximum(budgets, 1.0))), max(full, BACKLOG_STATES))
     out = [np.zeros(flat.size) for _ in range(6 if backlog else 4)]
+    label = np.zeros(flat.size, dtype=int) if groups is None else np.broadcast_to(groups, lam.shape).reshape(-1)
+    tops = np.zeros(flat.size, dtype=int)
     for depth in np.unique(extra):
-        rows = extra == depth
-        for o, x in zip(out, _chain(flat[rows], t0[rows], tau[rows], full, cv2, full + int(depth), backlog)):
-            o[rows] = x
+        at_depth = extra == depth
+        for g in np.unique(label[at_depth]):
+            rows = at_depth & (label == g)
+            tops[rows] = _closed_top(flat[rows], t0[rows], tau[rows], full, cv2, full + int(depth))
+        for top in np.unique(tops[at_depth]):
+            rows = at_depth & (tops == top)
+            for o, x in zip(out, _chain(flat[rows], t0[rows], tau[rows], full, cv2, int(top), backlog)):
+                o[rows] = x
     return tuple(x.reshape(lam.shape) for x in out)
 
 
@@ -343,9 +372,8 @@ def _chain_states(top: int, most: int) -> np.ndarray:
 
 
 def _chain(flat, t0, tau, full: int, cv2: float, top: int, backlog: bool) -> tuple[np.ndarray, ...]:
-    """``chain_moments`` for 1-d rates ``flat`` (t0, tau: columns) with queue states 1 ... ``top`` (fewer where
-    the queue cannot reach them: ``_closed_top``)."""
-    top = _closed_top(flat, t0, tau, full, cv2, top)
+    """``chain_moments`` for 1-d rates ``flat`` (t0, tau: columns) with queue states 1 ... ``top`` (``_closed_top``:
+    no fewer than the queue can reach)."""
     states = _chain_states(top, CHAIN_STATES)
     batch = np.minimum(states, full)
     k = states.size
@@ -414,7 +442,7 @@ def _backlog_steps(pi, m1, mu, pmf, wide, states, batch, full: int) -> tuple[np.
     return (wlen * k1).sum(-1), (wlen * k2).sum(-1)
 
 
-def hybrid_bulk_wait(lam, t0, tau, most, w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def hybrid_bulk_wait(lam, t0, tau, most, w: Workload, groups=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A whole prompt's wait for its step on an instance whose steps carry its running decodes and every prompt
     that arrived during the step before, up to ``most`` a step: (P_w, the mean and squared cv of the wait given
     it is positive), per cell of the arrays ``lam``, ``t0`` and ``tau`` (a step of k prompts lasts t0 + tau k,
@@ -423,11 +451,13 @@ def hybrid_bulk_wait(lam, t0, tau, most, w: Workload) -> tuple[np.ndarray, np.nd
     The prompt steps are ``_bulk_wait``'s bulk service (``chain_moments``): an arrival finds one running with
     probability P_w = lambda E[T] / E[b] (else a decode step, whose rest it waits out) and then waits
     U t + tau S (``bulk_wait_mean``, ``bulk_wait_variance``): the rest of that step, and the prompts that
-    arrived during it and share its own step. Where a step holds six prompts or more this replaces M/G/1's
+    arrived during it and share its own step (``groups``: the cells' pool models, ``chain_moments``). Where a
+    step holds six prompts or more this replaces M/G/1's
     wait stretched by 1 + rho (blended in from three: ``chunked._prompt_wait``), which had the p90 TTFT 34% and
     284% long against the simulation where eight 1,000-token prompts share a step (Llama-3.1-8B on one H100 at
     20 and 27 req/s; now -3% and +1%). Poisson arrivals (the chain counts a step's arrivals as Poisson)."""
     lam, t0, tau, most = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (lam, t0, tau, most)))
+    label = None if groups is None else np.broadcast_to(groups, lam.shape)
     x, t_d = tau, t0
     pw, mean, cv2 = np.zeros(lam.shape), np.zeros(lam.shape), np.ones(lam.shape)
     ok = np.isfinite(t_d) & np.isfinite(x) & (lam > 0) & (x > 0)
@@ -435,7 +465,8 @@ def hybrid_bulk_wait(lam, t0, tau, most, w: Workload) -> tuple[np.ndarray, np.nd
     for n in np.unique(np.maximum(most[ok], 1.0)):
         cell = ok & (np.maximum(most, 1.0) == n)
         lc, tc, xc = lam[cell], t_d[cell], x[cell]
-        e_b, e_t, e_t2, e_t3, k1, k2 = chain_moments(lc, tc, xc, float(n), cv2_l, backlog=True)
+        e_b, e_t, e_t2, e_t3, k1, k2 = chain_moments(lc, tc, xc, float(n), cv2_l, backlog=True,
+                                                     groups=None if label is None else label[cell])
         e1, e2 = e_t2 / e_t, e_t3 / e_t
         busy = np.minimum(lc * e_t / e_b, 1 - 1e-9)
         m = np.minimum(lc * xc, 0.99)
@@ -483,28 +514,33 @@ def _bulk_wait(pre: PoolModel, w: Workload, lam, c, budget_tokens: int, levels, 
     busy_mean = t1 + wait_mean
     kg, thg = busy_mean**2 / wait_var, wait_var / busy_mean
     mean = t1 + p_busy * wait_mean
-    sd_own = math.sqrt(own_var)
+    sd_own = np.sqrt(own_var)  # a float, or a (rows, 1) column for several pool models
     lv = np.broadcast_to(levels, (*np.shape(lam), len(levels)))
     pb, kk, th = (np.broadcast_to(np.asarray(a, dtype=float)[..., None], lv.shape) for a in (p_busy, kg, thg))
+    t1_l, sd_l = (np.expand_dims(a, -1) if np.ndim(a) else a for a in (t1, sd_own))  # on the levels' axis
+    point = sd_l == 0  # prompts of one length
 
     def cdf(x):
-        idle = np.where(x >= t1, 1.0, 0.0) if sd_own == 0 else 0.5 * (1 + _erf((x - t1) / (sd_own * math.sqrt(2))))
+        idle = np.where(point, np.where(x >= t1_l, 1.0, 0.0),
+                        0.5 * (1 + _erf((x - t1_l) / (np.where(point, 1.0, sd_l) * math.sqrt(2)))))
         return (1 - pb) * idle + pb * _gamma_cdf_wh(x, kk, th)
 
-    if sd_own == 0:  # prompts of one length: a point mass at T(1) and the gamma, inverted in closed form
-        q = _point_and_gamma_quantile(lv, pb, t1, kk, th)
-    else:
+    q = None
+    if np.any(point):  # a point mass at T(1) and the gamma, inverted in closed form
+        q = _point_and_gamma_quantile(lv, pb, t1_l, kk, th)
+    if not np.all(point):
         lo = np.zeros(lv.shape)
         hi = np.broadcast_to((t1 + 4 * sd_own + np.asarray(f.gamma_quantile_wh(k_g=kg, theta_g=thg, z=4.0),
                                                            dtype=float) * 2)[..., None], lv.shape).copy()
-        q = decreasing_root(lambda x: lv - cdf(x), lo, hi, BISECTION_STEPS + 4)
+        bisected = decreasing_root(lambda x: lv - cdf(x), lo, hi, BISECTION_STEPS + 4)
+        q = bisected if q is None else np.where(point, q, bisected)
     return np.where(stable, mean, np.inf), np.where(stable[..., None], q, np.inf)
 
 
 _NORMAL_QUANTILE = np.vectorize(NormalDist().inv_cdf, otypes=[float])
 
 
-def _point_and_gamma_quantile(levels, p_busy, t1: float, k, theta) -> np.ndarray:
+def _point_and_gamma_quantile(levels, p_busy, t1, k, theta) -> np.ndarray:
     """Quantiles at ``levels`` of the mixture (1 - P_b) at t1 exactly + P_b gamma(k, theta) (Wilson and
     Hilferty's, ``gamma_quantile_wh``): below the gamma's mass under t1 the gamma's own quantile at
     level / P_b, then t1 while the point mass lasts, then the gamma's at (level - (1 - P_b)) / P_b. What the
@@ -513,7 +549,8 @@ def _point_and_gamma_quantile(levels, p_busy, t1: float, k, theta) -> np.ndarray
     unknown = np.isnan(p_busy)  # stays NaN
     busy = (p_busy > 0) & ~unknown
     pb = np.where(busy, p_busy, 1.0)
-    under = np.where(busy, p_busy * _gamma_cdf_wh(np.full(np.shape(levels), t1), k, theta), 0.0)
+    under = np.where(busy, p_busy * _gamma_cdf_wh(np.broadcast_to(np.asarray(t1, dtype=float), np.shape(levels)),
+                                                  k, theta), 0.0)
     u = np.where(levels <= under, levels / pb, (levels - (1 - pb)) / pb)
     z = _NORMAL_QUANTILE(np.clip(u, 1e-12, 1 - 1e-12))
     x = np.asarray(f.gamma_quantile_wh(k_g=k, theta_g=theta, z=z), dtype=float)
@@ -527,9 +564,10 @@ def prefill_time(pre: PoolModel, w: Workload, lam_total, servers, budget_tokens:
     ``prefill_wait``, with the prompt's own length: its excess over the mean prompt adds in
     quadrature to the wait's (a long wait and a long prompt rarely coincide)."""
     lam_total, servers, levels = (np.asarray(a, dtype=float) for a in (lam_total, servers, levels))
+    cache = None if isinstance(pre, PoolRows) else pre._cache  # several pool models (rows): not cached
     key = ("prefill_time", lam_total.tobytes(), lam_total.shape, servers.tobytes(), servers.shape, budget_tokens,
            levels.tobytes(), w.isl, w.prefix_hit)
-    hit = pre._cache.get(key)  # a plan pairs one prefill pool with many decode pools at the same rates
+    hit = None if cache is None else cache.get(key)  # a plan pairs one prefill pool with many decode pools
     if hit is not None:
         return hit
     mean, q, busy, _ = prefill_wait(pre, w, lam_total, servers, budget_tokens, levels)
@@ -538,8 +576,8 @@ def prefill_time(pre: PoolModel, w: Workload, lam_total, servers, budget_tokens:
     finite = np.isfinite(q)
     with np.errstate(invalid="ignore"):
         q = np.where(finite, mean[..., None] + excess_sum(np.where(finite, q - mean[..., None], 0.0), own), np.inf)
-    if len(pre._cache) < 4096:
-        pre._cache[key] = (mean, q, busy)
+    if cache is not None and len(cache) < 4096:
+        cache[key] = (mean, q, busy)
     return mean, q, busy
 
 
@@ -551,33 +589,40 @@ def _gamma_cdf_wh(x, k, theta) -> np.ndarray:
     return np.where(x > 0, 0.5 * (1 + _erf(z / math.sqrt(2))), 0.0)
 
 
-def _decode_side(dec: PoolModel, w: Workload, lam_d: np.ndarray, p: float) -> tuple[np.ndarray, ...]:
+def _decode_side(dec: PoolModel | PoolRows, w: Workload, lam_d: np.ndarray, p: float) -> tuple[np.ndarray, ...]:
     """The decode instance at per-instance rates ``lam_d``: (B, B capped, t_d, slope, TPOT mean, its
     variance and p-quantile, lifetime, slot wait mean and p-quantile, the slot queue, and the fixed point
     B' = lambda osl t(B' + 1) that decides stability, as in the other modes: a batch that would outgrow its
     slots, then the full batch's TPOT and the share of requests that wait for a slot and decode beside it:
     ``full_batch_tpot_quantile``). Cached on the pool model: a plan pairs one decode pool with many prefill
-    pools."""
+    pools. For several pool models (``PoolRows``: ``lam_d`` (rows, rates)) each row's from its own, not cached."""
+    rows = dec if isinstance(dec, PoolRows) else None
     key = ("decode_side", lam_d.tobytes(), float(p), w.isl, w.osl)
-    hit = dec._cache.get(key)
+    hit = None if rows is not None else dec._cache.get(key)  # type: ignore[union-attr]
     if hit is not None:
         return hit
+    pools = PoolRows.of(dec, 1)
     ctx = running_context(w)
-    limit = dec.batch_limit(w)
-    fixed, _ = decode_fixed_point(dec, ctx, lam_d, w.osl.mean, 1.0, limit)  # B = lambda osl t(B + 1): where to look
-    at_fixed, above_fixed = decode_step_at(dec, ctx, limit, np.stack([np.minimum(fixed, limit), np.minimum(fixed, limit) + 1]))
-    slope0 = above_fixed - at_fixed
+    limit = pools.per_row(lambda m: m.batch_limit(w))
+
+    def step_at(batch) -> np.ndarray:  # each row's decode step at ``batch``
+        return pools.map(lambda m, b: decode_step_at(m, ctx, m.batch_limit(w), b), batch)
+
+    # B = lambda osl t(B + 1): where to look
+    fixed = pools.map(lambda m, lam: decode_fixed_point(m, ctx, lam, w.osl.mean, 1.0, m.batch_limit(w))[0], lam_d)
+    slope0 = step_at(np.minimum(fixed, limit) + 1) - step_at(np.minimum(fixed, limit))
     # no prompts stretch the lifetimes here: the step a request sees, t(N + 1), over the product form of the
     # batch on the step curve, with the queue for a slot beyond the limit (``product_form_step_moments``): its
     # mean is the TPOT (below t(B + 1) where the curve is concave: an MoE at a small batch) and by Little's law
     # B = lambda osl TPOT sequences decode
-    tpot, step_var = product_form_step_moments(dec, ctx, lam_d, w.osl.mean, limit, fixed, decode_load(lam_d, w, slope0))
+    tpot, step_var = pools.map(lambda m, lam, fx, load: product_form_step_moments(
+        m, ctx, lam, w.osl.mean, m.batch_limit(w), fx, load), lam_d, fixed, decode_load(lam_d, w, slope0))
     batch = lam_d * w.osl.mean * tpot
     b_cap = np.minimum(batch, limit)
     # a full decode batch of L = floor(limit) sequences steps at t_d(L) (no prompts stall it): the
     # largest TPOT, which bounds the tail, and the hold of a slot while requests queue for one
-    t_d, t_up, tpot_full = decode_step_at(dec, ctx, limit, np.stack([b_cap, b_cap + 1, np.full_like(b_cap, max(
-        math.floor(limit), 1))]))
+    t_d, t_up = step_at(b_cap), step_at(b_cap + 1)
+    tpot_full = step_at(np.broadcast_to(np.maximum(np.floor(limit), 1.0), b_cap.shape))
     slope = t_up - t_d
     zero = np.zeros_like(lam_d)
     tpot_var, _ = tpot_tail(tpot, zero, lam_d, zero, 0.0, w, slope, b_cap, p, step_var)
@@ -592,35 +637,82 @@ def _decode_side(dec: PoolModel, w: Workload, lam_d: np.ndarray, p: float) -> tu
     full_share = np.where(np.isfinite(slots.mean_s), slots.wait_probability, 1.0)
     tpot_p = full_batch_tpot_quantile(tpot, tpot_var, tpot_full, full_share, p)
     out = (batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap, slots, fixed, tpot_full, full_share)
-    if len(dec._cache) < 4096:
-        dec._cache[key] = out
+    if rows is None and len(dec._cache) < 4096:  # type: ignore[union-attr]
+        dec._cache[key] = out  # type: ignore[union-attr]
     return out
+
+
+def _decode_rows(decs: PoolRows, w: Workload, lam_d: np.ndarray, p: float) -> tuple:
+    """``_decode_side`` of every row, each distinct (decode pool, rates) row computed once: the partners of one
+    decode pool share its figures to the last bit, as they do alone from its cache (a plan's candidates of one
+    decode pool then tie exactly where they should, in tokens/s per user)."""
+    lam_d = np.ascontiguousarray(np.broadcast_to(lam_d, (decs.owner.size, *np.shape(lam_d)[1:])))
+    first: dict[tuple[int, bytes], int] = {}
+    pick: list[int] = []  # a row of each distinct (pool, rates), in first-seen order
+    inverse = []
+    for r, key in enumerate(zip(decs.owner.tolist(), (row.tobytes() for row in lam_d))):
+        if key not in first:
+            first[key] = len(pick)
+            pick.append(r)
+        inverse.append(first[key])
+    side = _decode_side(PoolRows(decs.pools, decs.owner[pick]), w, lam_d[pick], p)
+    slots = SlotQueue(*(np.asarray(x)[inverse] for x in side[10].__dict__.values()))
+    return tuple(slots if i == 10 else np.asarray(x)[inverse] for i, x in enumerate(side))
 
 
 def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
             pools: tuple[PoolModel, PoolModel] | None = None, joint: bool = False) -> ModeArrays:
     assert d.prefill is not None and d.decode is not None
     pre, dec = pools or (PoolModel.build(model, d.prefill, w), PoolModel.build(model, d.decode, w))
+    return analyse_pairs(model, [d], [(pre, dec)], w, total_rate, p, joint)
+
+
+def analyse_pairs(model: ModelSpec, ds: list[Deployment], pools: list[tuple[PoolModel, PoolModel]], w: Workload,
+                  total_rate, p: float, joint: bool = False) -> ModeArrays:
+    """``analyse`` of one deployment (its arrays shaped as ``total_rate``), or of several at once: row r of
+    ``total_rate`` (rows x rates) for deployment ``ds[r]`` on its (prefill, decode) pool models ``pools[r]``, each
+    row as it would be alone (a plan sizes every decode pool, and tries every pair, in one call each: a call's
+    cost is mostly its fixed part). The deployments share the prefill step's token budget."""
     lam = np.asarray(total_rate, dtype=float)
-    one = PrefillService.of(pre, w, p)
-    t_kv = kv_transfer_s(model, d, w, pre, dec, one.mean_s)
-    t_visible = t_kv  # the move's share of TTFT outside the prefill
-    if d.kv_transfer == "blocking":  # the prefill instance is held for the move: it is prefill work
-        pre, t_visible = pre.held(t_kv), 0.0
-    c = d.prefill.engines
+    budget_tokens = ds[0].max_batched_tokens
+    assert all(d.max_batched_tokens == budget_tokens for d in ds), "one prefill token budget a call"
+    pres, t_kv, t_vis = [], [], []
+    for d, (pre, dec) in zip(ds, pools):
+        assert d.prefill is not None and d.decode is not None
+        t = kv_transfer_s(model, d, w, pre, dec, PrefillService.of(pre, w, p).mean_s)
+        # the move's share of TTFT outside the prefill; the prefill instance is held for a blocking move: prefill work
+        pres.append(pre.held(t) if d.kv_transfer == "blocking" else pre)
+        t_kv.append(t)
+        t_vis.append(0.0 if d.kv_transfer == "blocking" else t)
+    one = len(ds) == 1
+
+    def per_row(values: list[float]):  # a float for one deployment, else a (rows, 1) column
+        return values[0] if one else np.array(values, dtype=float)[:, None]
+
+    pre = pres[0] if one else PoolRows.each(pres)
+    dec = pools[0][1] if one else PoolRows.each([pd[1] for pd in pools])
+    t_kv_r, t_visible = per_row(t_kv), per_row(t_vis)
+    c = per_row([float(d.prefill.engines) for d in ds])  # type: ignore[union-attr]
     levels = np.array([p, *ATTAINMENT_LEVELS]) if joint else np.array([p])
-    lam_d = lam / d.decode.engines
-    limit = dec.batch_limit(w)
+    lam_d = lam / per_row([float(d.decode.engines) for d in ds])  # type: ignore[union-attr]
+    decs = PoolRows.of(dec, 1)
+    limit = decs.per_row(lambda m: m.batch_limit(w))
     batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap, slots, fixed, tpot_full, full_share = \
-        _decode_side(dec, w, lam_d, p)
+        _decode_side(dec, w, lam_d, p) if one else _decode_rows(decs, w, lam_d, p)
     # where requests wait for a decode slot, that wait follows the prefill, the move and the step in
     # progress: the quantile of the sum (``with_slot_wait``), from that time's quantiles at TAIL_LEVELS
-    tabulate = bool(np.any(slots.matters(float(levels.max()))))
+    # (per deployment: where none of its rates needs them, the plain quantile)
+    matters = np.asarray(slots.matters(float(levels.max())))
+    tabulate_rows = matters.any(axis=-1, keepdims=True) if matters.ndim > 1 and not one else None
+    tabulate = bool(np.any(matters))
     asked = np.concatenate([levels, TAIL_LEVELS]) if tabulate else levels
-    prefill_mean, prefill_q, rho_prefill = prefill_time(pre, w, lam, c, d.max_batched_tokens, asked)
+    if not one and np.ndim(lam) == 1:
+        lam = np.broadcast_to(lam, np.shape(lam_d))
+    prefill_mean, prefill_q, rho_prefill = prefill_time(pre, w, lam, c, budget_tokens, asked)
     before_tail, before_far = None, None
+    on_levels = np.expand_dims(t_visible, -1) if np.ndim(t_visible) else t_visible
     if tabulate:
-        before_q = prefill_q[..., levels.size:] + t_visible + TAIL_LEVELS * np.asarray(t_d)[..., None]
+        before_q = prefill_q[..., levels.size:] + on_levels + TAIL_LEVELS * np.asarray(t_d)[..., None]
         before_tail, before_far = quantile_table_tail(before_q, TAIL_LEVELS), before_q[..., -1]
 
     def ttft_at(i: int, q: float) -> np.ndarray:
@@ -629,22 +721,27 @@ def analyse(model: ModelSpec, d: Deployment, w: Workload, total_rate, p: float,
         alone = prefill_q[..., i] + t_visible + q * t_d
         if before_tail is None:
             return alone
-        return with_slot_wait(q, before_tail, before_far, alone, slots, prefill_mean + t_visible + t_d / 2)
+        both = with_slot_wait(q, before_tail, before_far, alone, slots, prefill_mean + t_visible + t_d / 2)
+        return both if tabulate_rows is None else np.where(tabulate_rows, both, alone)
 
     ttft_p = ttft_at(0, p)
     ttft_mean = prefill_mean + t_visible + aq + t_d / 2
-    levels = np.stack([ttft_at(i + 1, float(q)) for i, q in enumerate(ATTAINMENT_LEVELS)]) if joint else None
+    levels = np.stack([ttft_at(i + 1, float(q)) for i, q in enumerate(ATTAINMENT_LEVELS)], axis=-2) if joint else None
     itl_p = t_d + z_score(p) * np.sqrt(b_cap) * slope
 
     rho_decode = lam_d * w.osl.mean * slope
-    kv_limit = dec.kv_limit(w)
     occupancy = slots.occupancy(np.where(np.isfinite(fixed), fixed, lam_d * life) / limit)  # the fixed point, as stability
-    names = np.array(["prefill pool", "decode bandwidth",
-                      "decode batch cap" if dec.batch_cap <= kv_limit else "decode KV memory"])
+    slot_name = [("decode batch cap" if m.batch_cap <= m.kv_limit(w) else "decode KV memory") for m in decs.pools]
     stacked = np.stack(np.broadcast_arrays(rho_prefill, rho_decode, occupancy))
     stacked = np.where(np.isfinite(stacked), stacked, 1e9)
     util = stacked.max(axis=0)
-    binding = names[np.argmax(stacked, axis=0)]
+    which = np.argmax(stacked, axis=0)
+    if len(decs.pools) == 1:
+        binding = np.array(["prefill pool", "decode bandwidth", slot_name[0]])[which]
+    else:
+        binding = np.where(which == 0, "prefill pool", np.where(which == 1, "decode bandwidth", np.array(
+            slot_name, dtype=object)[decs.owner][:, None]))
     stable = (util < 1) & np.isfinite(fixed) & (fixed < limit)
-    return ModeArrays(stable, util, ttft_mean, ttft_p, tpot, tpot_p, batch, np.full_like(lam, t_kv), binding,
-                      tpot_var, itl_p, levels, tpot_full, full_share)
+    return ModeArrays(stable, util, ttft_mean, ttft_p, tpot, tpot_p, batch,
+                      np.broadcast_to(t_kv_r, np.shape(lam)).astype(float), binding, tpot_var, itl_p, levels, tpot_full,
+                      full_share)
