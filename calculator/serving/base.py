@@ -431,6 +431,19 @@ class PoolRows:
             return np.array([[float(fn(self.pools[0]))]])
         return np.array([float(fn(pm)) for pm in self.pools])[self.owner][:, None]
 
+    def decode_steps(self, context: float, w: Workload, batch) -> np.ndarray:
+        """Each row's decode step time (s) at ``batch`` ((rows, ...) for several pools), on its pool's table up
+        to its batch limit (``decode_step_at``); several pools' rows in one lookup (a grid per row)."""
+        if len(self.pools) == 1:
+            pm = self.pools[0]
+            return decode_step_at(pm, context, pm.batch_limit(w), batch)
+        tables = [m.decode_table(context, m.batch_limit(w)) for m in self.pools]
+        grids = np.stack([g for g, _ in tables])[self.owner]
+        steps = np.stack([t for _, t in tables])[self.owner]
+        b = np.asarray(batch, dtype=float)
+        b = np.broadcast_to(b, (self.owner.size, *b.shape[1:]) if b.ndim else (self.owner.size,))
+        return GridLookup(grids, b.reshape(b.shape[0], -1))(steps).reshape(b.shape)
+
     def map(self, fn: Callable[..., Any], *arrays) -> Any:
         """fn(pool, *its rows of ``arrays``) assembled in row order (arrays broadcast to (rows, ...)); one
         pool: fn(pool, *arrays) as they are. Where fn returns a tuple of arrays, a tuple of them."""

@@ -34,7 +34,6 @@ from .base import (
     SlotQueue,
     batch_grid,
     coarse_first_root,
-    decode_step_at,
     full_batch_tpot_quantile,
     gap_amplification,
     grid_take,
@@ -247,8 +246,7 @@ def single_pool_arrays(pm: PoolModel | PoolRows, w: Workload, lam, p: float, bat
     b_cap = np.minimum(batch, limit)
     cv2 = w.isl.cv**2
     tpot_var, _ = tpot_tail(tpot, rho_x, lam, x_mean, cv2, w, slope, b_cap, p, extra_variance=start_variance)
-    tpot_full = np.broadcast_to(pools.map(lambda m, lim, x: full_batch_tpot(m, w, lim, x), limit,
-                                         x_mean if x_full is None else x_full), np.shape(tpot))
+    tpot_full = np.broadcast_to(full_batch_tpot(pools, w, limit, x_mean if x_full is None else x_full), np.shape(tpot))
 
     # TTFT: the prompt queue (M/G/1, a prompt's whole time as service), the residual of the step in
     # progress, a batch slot (KV memory / batch cap) and the prompt's own time
@@ -275,8 +273,7 @@ def single_pool_arrays(pm: PoolModel | PoolRows, w: Workload, lam, p: float, bat
     # its mean, the chain's 5.6x with the batches alone and 11.6x with both)
     stall = np.where(rho_x < 1, rho_x, 0.0)
     slots = SlotQueue.of(lam, batch, limit, hold, w.osl.cv**2 + life_cv2, w.osl.mean * slope,
-                         pools.map(lambda m, k, x, lim: full_batch_hold(m, w, k, x, lim), own_steps,
-                                  x_mean if x_full is None else x_full, limit),
+                         full_batch_hold(pools, w, own_steps, x_mean if x_full is None else x_full, limit),
                          ca2=w.arrival_cv**2,
                          stall_share=f.stall_batch_share(rho_x=stall, x_st=x_mean, H=np.maximum(hold, 1e-12)))
     aq, ap = slots.mean_s, slots.quantile_s(p)
@@ -427,7 +424,7 @@ def _prompt_wait(lam, service, t_d, p: float, batched, busy, w: Workload, slots,
     return tuple(np.where(bulk[0], b, a) for a, b in zip(fifo_q, bulk_q))  # type: ignore[return-value]
 
 
-def full_batch_tpot(pm: PoolModel, w: Workload, limit, x_mean) -> np.ndarray:
+def full_batch_tpot(pm: PoolModel | PoolRows, w: Workload, limit, x_mean) -> np.ndarray:
     """The largest TPOT a request can see when the batch is capped (KV memory or max_batch): the
     batch held full at L = floor(limit) sequences through its lifetime. A prompt then starts only
     when a sequence leaves, so about (L - 1) / osl prompts land per output token:
@@ -435,18 +432,18 @@ def full_batch_tpot(pm: PoolModel, w: Workload, limit, x_mean) -> np.ndarray:
     it (the tangent at the mean batch overshot it on a concave MoE curve: 22.0 ms from B = 1 against
     18.3 ms, so the ceiling fell as the load rose). It bounds the lognormal tail, which has no ceiling."""
     full = np.maximum(np.floor(limit), 1.0)
-    t_full = decode_step_at(pm, running_context(w), pm.batch_limit(w), full)
+    t_full = PoolRows.of(pm, 1).decode_steps(running_context(w), w, full)  # several pools: each row's own
     return t_full + (full - 1) * x_mean / w.osl.mean
 
 
-def full_batch_hold(pm: PoolModel, w: Workload, own_steps, x_full, limit) -> np.ndarray:
+def full_batch_hold(pm: PoolModel | PoolRows, w: Workload, own_steps, x_full, limit) -> np.ndarray:
     """How long a request holds its slot while the batch runs full (s): ``formulas.full_batch_hold`` at
     L = floor(limit) slots, ``own_steps`` prefill steps that carry the decodes and a stall ``x_full`` per
     prompt, with the decode step linear about the full batch (t_d(L), t_d(L) - t_d(L - 1))."""
     full = np.maximum(np.floor(limit), 1.0)
-    ctx, table_limit = running_context(w), pm.batch_limit(w)
-    t_full = decode_step_at(pm, ctx, table_limit, full)
-    slope_full = t_full - decode_step_at(pm, ctx, table_limit, np.maximum(full - 1, 0.5))
+    steps, ctx = PoolRows.of(pm, 1), running_context(w)  # several pools: each row's own step curve
+    t_full = steps.decode_steps(ctx, w, full)
+    slope_full = t_full - steps.decode_steps(ctx, w, np.maximum(full - 1, 0.5))
     return f.full_batch_hold(k_own=own_steps, n_out=w.osl.mean, t_d=t_full, t_slope=slope_full, L_full=full, B=full,
                              x_p=x_full)
 
