@@ -743,17 +743,18 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
         n = np.arange(fewest, min(MAX_PREFILL_INSTANCES, 4 * fewest + 16) + 1)
         if n.size:
             sides.append((p, service, pool_rps, n))
-    if sides:
+    if sides:  # a row per (pool, N): each pool's cells as it has them alone (rows of one width would pad)
         budget.check()
-        width = max(n.size for _, _, _, n in sides)
-        servers = np.stack([np.pad(n * p.pm.pool.streams, (0, width - n.size), mode="edge") for p, _, _, n in sides])
-        pres = PoolRows.each([p.pm for p, _, _, _ in sides])
+        servers = np.concatenate([n * p.pm.pool.streams for p, _, _, n in sides])[:, None]
+        pres = PoolRows.each([p.pm for p, _, _, n in sides for _ in range(n.size)])
         with np.errstate(all="ignore"):
             _, waits, busy_all = prefill_time(pres if len(sides) > 1 else sides[0][0].pm, w,
                                               np.full(servers.shape, w.rate), servers, PREFILL_BUDGET_TOKENS, [slo.p])
+        ends = np.cumsum([n.size for _, _, _, n in sides])
     for row, (p, service, pool_rps, n) in enumerate(sides):
         budget.check()
-        prefill_q, busy = waits[row, :n.size, 0], busy_all[row, :n.size]
+        cut = slice(ends[row] - n.size, ends[row])
+        prefill_q, busy = waits[cut, 0, 0], busy_all[cut, 0]
         stable = (busy < 1) & np.isfinite(prefill_q)
         for j, (dec, dec_pool, cap) in enumerate(decode_side):
             budget.check()
@@ -776,17 +777,20 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
         if listed[pair[1]] <= PAIRS_TRIED_PER_DECODE_POOL:
             trial.append(pair)
     budget.check()
-    ds = [Deployment(mode="disaggregated", prefill=pre_pool, decode=dec_pool, kv_link=kv_link)
+    # the pairs analysed are built from validated pools, unvalidated (~50 us a Deployment's validators, ~200 of
+    # them a plan); a candidate's is built whole
+    ds = [Deployment.model_construct(mode="disaggregated", prefill=pre_pool, decode=dec_pool, kv_link=kv_link)
           for _, _, _, pre_pool, _, dec_pool, _, _ in trial]
     pools = [(p.pm, dec.pm) for _, _, p, _, dec, _, _, _ in trial]
     analysed = analyse_disaggregated(m, ds, pools, w, [np.array([w.rate])] * len(trial), slo.p,
                                      slo.attainment == "joint")
     out: list[Candidate] = []
     kept: dict[int, int] = {}
-    for (_, j, _, _, _, _, capacity, _), d, pms, a in zip(trial, ds, pools, analysed):
+    for (_, j, _, pre_pool, _, dec_pool, capacity, _), pms, a in zip(trial, pools, analysed):
         if kept.get(j, 0) >= PARTNERS_PER_DECODE_POOL:
             continue
         if bool(a.meets(slo)[0]):
+            d = Deployment(mode="disaggregated", prefill=pre_pool, decode=dec_pool, kv_link=kv_link)
             out.append(_candidate_from(d, a, 0, w, slo, capacity, pms, whole_nodes))
             kept[j] = kept.get(j, 0) + 1
     return out, searched

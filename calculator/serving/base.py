@@ -769,12 +769,31 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
     if join_tau is not None:  # fixed over the slot wait's bisection
         join_w, join_shift = joiner_weights(join_tau, join_mean, join_most)
 
-    def tail(x):
-        idle = (np.maximum(0.0, 1 - x / t_d) if join_tau is None
-                else joined_idle_tail(x, t_d, join_w, join_shift))
-        if shift is None:
-            return (1 - pw) * idle + pw * np.exp(-((x / scale) ** k))
-        return (1 - pw) * idle + pw * np.exp(-((np.maximum(x - lags, 0.0) / scale) ** k)).mean(axis=0)
+    tail_shape = np.broadcast_shapes(np.shape(pw), np.shape(t_d), np.shape(scale), np.shape(k), lags.shape[1:],
+                                     *(() if join_tau is None else (join_w.shape[1:],)))
+
+    def tail_over(sel=None):
+        """P(W > x) at every cell, or at the cells of the mask ``sel`` alone (``with_slot_wait`` bisects only
+        where requests wait for a slot)."""
+        def pick(a, lead: int = 0):
+            if sel is None:
+                return a
+            return np.broadcast_to(a, np.shape(a)[:lead] + tail_shape)[(slice(None),) * lead + (sel,)]
+
+        pw_, t_, sc_, k_ = (pick(a) for a in (pw, t_d, scale, k))
+        lags_ = pick(lags, 1)
+        jw, js = (None, None) if join_tau is None else (pick(join_w, 1), pick(join_shift, 1))
+
+        def tail(x):
+            idle = np.maximum(0.0, 1 - x / t_) if join_tau is None else joined_idle_tail(x, t_, jw, js)
+            if shift is None:
+                return (1 - pw_) * idle + pw_ * np.exp(-((x / sc_) ** k_))
+            return (1 - pw_) * idle + pw_ * np.exp(-((np.maximum(x - lags_, 0.0) / sc_) ** k_)).mean(axis=0)
+
+        return tail
+
+    tail = tail_over()
+    tail.over, tail.cells = tail_over, tail_shape  # type: ignore[attr-defined]
 
     # beyond one decode step (and its joiners) only the Weibull is left: where it alone leaves (1 - p) / 2,
     # the tail does
@@ -880,6 +899,18 @@ def with_slot_wait(p: float, tail, far_s, alone_s, slots: SlotQueue, before_mean
         hi = far + shift + theta * np.log(np.maximum(2 * pa / (1 - p), 1.0)) ** (1 / k)
         hi = np.broadcast_to(hi, np.broadcast(hi, pa).shape).copy()
         lo = np.zeros_like(hi)
+        need = np.broadcast_to(pa > 0, hi.shape)
+        if getattr(tail, "cells", None) == hi.shape and need.any() and not need.all():
+            # bisect only where requests wait for a slot (a plan's grids: ~1 cell in 10), each cell as before
+            part = tail.over(need)  # type: ignore[attr-defined]
+            pa_n, theta_n, shift_n, k_n = (np.broadcast_to(a, hi.shape)[need] for a in (pa, theta, shift, k))
+
+            def excess_need(x):
+                return (1 - pa_n) * part(x) + pa_n * np.exp(-((np.maximum(x - shift_n, 0.0) / theta_n) ** k_n)) - (1 - p)
+
+            q = np.array(np.broadcast_to(alone_s, hi.shape), dtype=float)
+            q[need] = decreasing_root(excess_need, lo[need], hi[need])
+            return np.where(finite & np.isfinite(far_s), q, np.inf)
     q = np.where(pa > 0, decreasing_root(lambda x: excess_at(x, tail(x)), lo, hi), alone_s)
     return np.where(finite & np.isfinite(far_s), q, np.inf)
 
@@ -1353,17 +1384,16 @@ def _slot_wait_probability(lam, batch, c, hold, slope, full, stall=None) -> np.n
     (``_batched_slot_wait_probability``)."""
     rows = np.zeros(lam.shape, dtype=bool) if stall is None else stall > STALL_BATCH_MIN
     out = np.empty_like(lam)
-    if (~rows).any():
-        plain = ~rows
-        out[plain] = _product_form_wait_probability(lam[plain], batch[plain], c[plain], hold[plain], slope[plain],
-                                                    full[plain])
-    if rows.any():
-        # the chain runs over states 1 ... max(c) for every entry at once: entries of similar slot counts
-        # together (within a factor of 2), so one pool with thousands of slots does not widen every other
-        # pool's chain in a stacked analysis (``PoolRows``)
-        size = np.floor(np.log2(np.maximum(c, 1.0)))
-        for b in np.unique(size[rows]):
-            e = rows & (size == b)
+    # both forms run over states 1 ... max(c) for every entry at once: entries of similar slot counts together
+    # (within a factor of 2), so one pool with thousands of slots does not widen every other pool's states in a
+    # stacked analysis (``PoolRows``)
+    size = np.floor(np.log2(np.maximum(c, 1.0)))
+    for b in np.unique(size):
+        plain, e = ~rows & (size == b), rows & (size == b)
+        if plain.any():
+            out[plain] = _product_form_wait_probability(lam[plain], batch[plain], c[plain], hold[plain],
+                                                        slope[plain], full[plain])
+        if e.any():
             out[e] = _batched_slot_wait_probability(lam[e], batch[e], c[e], hold[e], slope[e], full[e],
                                                     np.minimum(stall[e], 0.95))
     return out
