@@ -174,3 +174,47 @@ def test_plan_candidates_are_their_deployments_alone(case: str) -> None:
     # a candidate's figures come from a call at its rate and the loads just below it (RATE_BAND), whose cells share
     # a step chain's states: alone they differ in the last ~1e-8
     assert worst < 1e-6
+
+
+def test_pairs_of_one_prefill_pool_keep_their_own_chains() -> None:
+    """Pairs on one prefill pool at different instance counts: each pair's prefill chain is sized by its own rates,
+    as alone (sharing the pool's chain had moved a p90 TTFT by 2.1e-4 at two instances, a review's case: 20-token
+    prompts at 2,000 req/s)."""
+    from calculator.serving import analyse, analyse_disaggregated
+    from calculator.serving.base import Deployment
+
+    m = pc.load_model("llama-3.1-8b")
+    w = pc.Workload(rate=2000.0, isl={"mean": 20, "cv": 1.0}, osl=100)
+    pm = _singles("llama-3.1-8b", w, ["h100-sxm"])[0].pm
+    counts = (1, 2, 3, 4, 8, 16, 32)
+    ds = [Deployment(mode="disaggregated", prefill=pm.pool.model_copy(update={"instances": n}),
+                     decode=pm.pool.model_copy(update={"instances": 8})) for n in counts]
+    with np.errstate(all="ignore"):
+        stacked = analyse_disaggregated(m, ds, [(pm, pm)] * len(ds), w, [np.array([w.rate])] * len(ds), 0.9)
+        alone = [analyse(m, d, w, np.array([w.rate]), 0.9, (pm, pm)) for d in ds]
+    finite = [float(a.ttft_p_s[0]) for a in alone if np.isfinite(a.ttft_p_s[0])]
+    assert len(finite) >= 5 and finite == sorted(finite, reverse=True)  # more prefill instances, less wait
+    for a, b in zip(alone, stacked):
+        np.testing.assert_allclose(b.ttft_p_s, a.ttft_p_s, rtol=1e-12)
+        np.testing.assert_allclose(b.ttft_mean_s, a.ttft_mean_s, rtol=1e-12)
+
+
+def test_a_decode_pools_cache_keeps_the_callers_shape() -> None:
+    """``analyse`` (rates (n,)) and a one-deployment ``analyse_disaggregated`` (rates (1, n)) on the same pool
+    models, in either order, each get arrays of their own shape (the decode side's cache key holds the shape)."""
+    from calculator.serving import analyse, analyse_disaggregated
+    from calculator.serving.base import Deployment
+
+    m = pc.load_model("llama-3.1-8b")
+    w = pc.Workload(rate=10.0, isl=1000, osl=200)
+    pm = _singles("llama-3.1-8b", w, ["h100-sxm"])[0].pm
+    d = Deployment(mode="disaggregated", prefill=pm.pool, decode=pm.pool)
+    rates = np.array([2.0, 5.0, 9.0])
+    with np.errstate(all="ignore"):
+        first = analyse(m, d, w, rates, 0.9, (pm, pm))
+        rows = analyse_disaggregated(m, [d], [(pm, pm)], w, [rates], 0.9)[0]
+        again = analyse(m, d, w, rates, 0.9, (pm, pm))
+    for a in (first, rows, again):
+        assert np.shape(a.tpot_mean_s) == (3,) and np.shape(a.tpot_p_s) == (3,)
+    np.testing.assert_array_equal(rows.tpot_mean_s, first.tpot_mean_s)
+    assert first.tpot_mean_s[0] < first.tpot_mean_s[2]

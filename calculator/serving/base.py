@@ -394,6 +394,9 @@ class PoolRows:
 
     pools: tuple[PoolModel, ...]
     owner: np.ndarray  # (rows,) index into ``pools``
+    chains: np.ndarray | None = None
+    """The step-chain group of each row where it is not its pool's (``disaggregated.analyse_pairs``: a chain per
+    deployment, as each has it alone)."""
 
     @classmethod
     def of(cls, pm: PoolModel | PoolRows, rows: int) -> PoolRows:

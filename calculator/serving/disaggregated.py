@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 from statistics import NormalDist
 
 import numpy as np
@@ -39,7 +40,6 @@ from .base import (
     _erf,
     decode_fixed_point,
     decode_load,
-    decode_step_at,
     decreasing_root,
     erlang_c,
     excess_sum,
@@ -290,8 +290,10 @@ def step_chain(pre: PoolModel, w: Workload, lam, budget_tokens: int, backlog: bo
     takes them as a normal (its negative binomial's shape is then large)."""
     most, t1, tau = _step_line(pre, w, budget_tokens)
     groups = None
-    if isinstance(pre, PoolRows) and len(pre.pools) > 1:  # each pool's chain with the states it has alone
-        groups = pre.owner.reshape(-1, *([1] * (np.ndim(lam) - 1)))
+    if isinstance(pre, PoolRows) and (len(pre.pools) > 1 or pre.chains is not None):
+        # each pool's chain (or each row's, ``PoolRows.chains``) with the states it has alone
+        labels = pre.owner if pre.chains is None else pre.chains
+        groups = labels.reshape(-1, *([1] * (np.ndim(lam) - 1)))
     return chain_moments(lam, t1 - tau, tau, most, w.isl.cv**2, backlog=backlog, groups=groups)
 
 
@@ -622,7 +624,7 @@ def _decode_side(dec: PoolModel | PoolRows, w: Workload, lam_d: np.ndarray, p: f
     ``full_batch_tpot_quantile``). Cached on the pool model: a plan pairs one decode pool with many prefill
     pools. For several pool models (``PoolRows``: ``lam_d`` (rows, rates)) each row's from its own, not cached."""
     rows = dec if isinstance(dec, PoolRows) else None
-    key = ("decode_side", lam_d.tobytes(), float(p), w.isl, w.osl)
+    key = ("decode_side", lam_d.tobytes(), lam_d.shape, float(p), w.isl, w.osl)
     hit = None if rows is not None else dec._cache.get(key)  # type: ignore[union-attr]
     if hit is not None:
         return hit
@@ -714,7 +716,9 @@ def analyse_pairs(model: ModelSpec, ds: list[Deployment], pools: list[tuple[Pool
     def per_row(values: list[float]):  # a float for one deployment, else a (rows, 1) column
         return values[0] if one else np.array(values, dtype=float)[:, None]
 
-    pre = pres[0] if one else PoolRows.each(pres)
+    # each deployment's prefill chain as it has it alone (two pairs of one prefill pool at different instance
+    # counts would otherwise share a chain's states: a review saw 2.1e-4 on a p90 TTFT)
+    pre = pres[0] if one else replace(PoolRows.each(pres), chains=np.arange(len(pres)))
     dec = pools[0][1] if one else PoolRows.each([pd[1] for pd in pools])
     t_kv_r, t_visible = per_row(t_kv), per_row(t_vis)
     c = per_row([float(d.prefill.engines) for d in ds])  # type: ignore[union-attr]
