@@ -83,7 +83,7 @@ def kv_move_s(model: ModelSpec, kv_bytes: float, pre: PoolModel, dec: PoolModel,
     return t
 
 
-def step_table(pre: PoolModel, w: Workload, budget_tokens: int) -> tuple[float, np.ndarray, np.ndarray]:
+def step_table(pre: PoolModel | PoolRows, w: Workload, budget_tokens: int) -> tuple[float, np.ndarray, np.ndarray]:
     """(most prompts a step holds, batch grid, prefill step time s over it) for the mean prompt:
     piecewise linear in the batch, on a geometric grid from 1 to the token budget's worth. Cached. For several
     pool models (``PoolRows``) a table per row (rows x grid); the grid is the budget's alone."""
@@ -101,7 +101,8 @@ def step_table(pre: PoolModel, w: Workload, budget_tokens: int) -> tuple[float, 
     return most, *pre._cache[key]
 
 
-def prefill_batch(pre: PoolModel, w: Workload, lam_server, budget_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+def prefill_batch(pre: PoolModel | PoolRows, w: Workload, lam_server, budget_tokens: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """(mean prompts per prefill step, that step's time) at each per-instance arrival rate.
 
     A step takes every prompt that arrived while the step before it ran, or, when none did, the one
@@ -130,7 +131,7 @@ def prefill_capacity(pre: PoolModel, w: Workload, budget_tokens: int) -> float:
     return float(grid[-1] / table[-1]) if budget_tokens >= 2 * w.isl.mean else float(1 / table[0])
 
 
-def prefill_wait(pre: PoolModel, w: Workload, lam_total, servers, budget_tokens: int, levels
+def prefill_wait(pre: PoolModel | PoolRows, w: Workload, lam_total, servers, budget_tokens: int, levels
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Arrival to the end of its prefill in a pool of ``servers`` instances whose steps batch prompts:
     (mean, quantiles at ``levels`` (last axis), the pool's busy share, the mean step time), seconds.
@@ -180,7 +181,7 @@ def _bulk_share(w: Workload, budget_tokens: int) -> float:
     return min(max((most - 2) / 4, 0.0), 1.0)
 
 
-def _step_line(pre: PoolModel, w: Workload, budget_tokens: int) -> tuple[float, float, float]:
+def _step_line(pre: PoolModel | PoolRows, w: Workload, budget_tokens: int) -> tuple[float, float, float]:
     """(most prompts a step holds, T(1) s, tau s): the prefill step time as T(b) = T_0 + tau b over
     ``step_table``'s end points, tau at most T(1)."""
     most, grid, table = step_table(pre, w, budget_tokens)
@@ -275,7 +276,8 @@ def _arrival_pmf(mu: np.ndarray, mix: np.ndarray, cv2: float, counts: int) -> np
     return pmf
 
 
-def step_chain(pre: PoolModel, w: Workload, lam, budget_tokens: int, backlog: bool = False) -> tuple[np.ndarray, ...]:
+def step_chain(pre: PoolModel | PoolRows, w: Workload, lam, budget_tokens: int, backlog: bool = False
+               ) -> tuple[np.ndarray, ...]:
     """Moments of the prefill steps of one instance under bulk service, from the Markov chain of their batches:
     (E[b], E[T], E[T^2], E[T^3]) at each per-instance rate ``lam``, T in seconds.
 
@@ -505,7 +507,7 @@ def hybrid_bulk_wait(lam, t0, tau, most, w: Workload, groups=None) -> tuple[np.n
     return pw, mean, cv2
 
 
-def _bulk_wait(pre: PoolModel, w: Workload, lam, c, budget_tokens: int, levels, busy
+def _bulk_wait(pre: PoolModel | PoolRows, w: Workload, lam, c, budget_tokens: int, levels, busy
                ) -> tuple[np.ndarray, np.ndarray]:
     """(mean, quantiles) of arrival to end of prefill under bulk service (``prefill_wait``).
 
@@ -585,7 +587,7 @@ def _point_and_gamma_quantile(levels, p_busy, t1, k, theta) -> np.ndarray:
     return np.where(unknown, np.nan, q)
 
 
-def prefill_time(pre: PoolModel, w: Workload, lam_total, servers, budget_tokens: int, levels
+def prefill_time(pre: PoolModel | PoolRows, w: Workload, lam_total, servers, budget_tokens: int, levels
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Arrival to the end of prefill: (mean, quantiles at ``levels`` (last axis), busy share).
     ``prefill_wait``, with the prompt's own length: its excess over the mean prompt adds in
