@@ -614,7 +614,7 @@ def test_a_light_chain_follows_only_the_queue_lengths_it_can_reach(monkeypatch):
     for cv2 in (0.0, 0.25):
         short = dg.chain_moments(lam, t0, tau, most, cv2, backlog=True)
         with monkeypatch.context() as patch:
-            patch.setattr(dg, "_closed_top", lambda flat, t0, tau, full, cv2, top: top)
+            patch.setattr(dg, "_closed_tops", lambda flat, t0, tau, pair, limits, full, cv2: limits)
             patch.setattr(dg, "CHAIN_STATES", 4096)  # every queue length, none on a grid
             every = dg.chain_moments(lam, t0, tau, most, cv2, backlog=True)
         for a, b in zip(short, every):
@@ -626,7 +626,7 @@ def test_a_light_chain_follows_only_the_queue_lengths_it_can_reach(monkeypatch):
         for rate, t0_, tau_, cap in ((7.2444, 0.0, 1e-3, 8), (20.0, 0.02, 1e-3, 32), (500.0, 0.005, 1e-4, 300)):
             short = dg.chain_moments(np.array([rate]), t0_, tau_, cap, cv2, backlog=True)
             with monkeypatch.context() as patch:
-                patch.setattr(dg, "_closed_top", lambda flat, t0, tau, full, cv2, top: top)
+                patch.setattr(dg, "_closed_tops", lambda flat, t0, tau, pair, limits, full, cv2: limits)
                 patch.setattr(dg, "CHAIN_STATES", 4096)
                 every = dg.chain_moments(np.array([rate]), t0_, tau_, cap, cv2, backlog=True)
             for a, b in zip(short, every):

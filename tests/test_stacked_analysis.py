@@ -218,3 +218,38 @@ def test_a_decode_pools_cache_keeps_the_callers_shape() -> None:
         assert np.shape(a.tpot_mean_s) == (3,) and np.shape(a.tpot_p_s) == (3,)
     np.testing.assert_array_equal(rows.tpot_mean_s, first.tpot_mean_s)
     assert first.tpot_mean_s[0] < first.tpot_mean_s[2]
+
+
+@pytest.mark.parametrize("backlog", [False, True])
+def test_chains_of_several_groups_and_depths_equal_each_group_alone(backlog, monkeypatch):
+    """``chain_moments`` with ``groups``: each group's cells as that group alone gives them (rel 1e-12), though
+    the groups' chains are sized at once (``_closed_tops``, ``_chain_counts``) and those that come to the same
+    states and counts solve in one call, split where they outgrow CHAIN_CELLS_STATES. Four groups of step lines
+    (one a near twin of another, so they share chains), each at loads from light to past saturation (several
+    backlog depths a group)."""
+    from calculator.serving import disaggregated as dg
+
+    # (t0, tau) per group, s, and the most load it is asked at (a full step's arrivals over the budget)
+    lines = [(0.004, 0.020, 1.3), (0.030, 0.002, 0.02), (0.004, 0.0201, 1.3), (0.0005, 0.0001, 0.5)]
+    most = 16
+    lam, t0, tau, label = [], [], [], []
+    for g, (a, b, top) in enumerate(lines):
+        rates = np.geomspace(1e-3, top, 9) * most / (a + b * most)
+        lam += rates.tolist()
+        t0 += [a] * rates.size
+        tau += [b] * rates.size
+        label += [g] * rates.size
+    lam, t0, tau, label = (np.array(x) for x in (lam, t0, tau, label))
+    order = np.random.default_rng(3).permutation(lam.size)  # groups interleaved
+    lam, t0, tau, label = lam[order], t0[order], tau[order], label[order]
+    for limit in (dg.CHAIN_CELLS_STATES, 2_000):  # the second splits a chain's groups over several calls
+        monkeypatch.setattr(dg, "CHAIN_CELLS_STATES", limit)
+        together = dg.chain_moments(lam, t0, tau, most, 0.3, backlog=backlog, groups=label)
+        for g in range(len(lines)):
+            mine = label == g
+            alone = dg.chain_moments(lam[mine], t0[mine], tau[mine], most, 0.3, backlog=backlog)
+            for a, b in zip(together, alone):
+                assert a[mine] == pytest.approx(b, rel=1e-12, abs=1e-300)
+    # the groups' chains differ at light load (sized together they would all be the busiest one's)
+    tops = dg._closed_tops(lam, t0[:, None], tau[:, None], label, np.full(4, 2 * most), most, 0.3)
+    assert len(set(tops.tolist())) > 1, tops

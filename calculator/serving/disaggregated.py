@@ -320,26 +320,32 @@ def chain_moments(lam, t0, tau, most: float, cv2: float, backlog: bool = False, 
     extra = np.minimum(full * 2.0 ** np.ceil(np.log2(np.maximum(budgets, 1.0))), max(full, BACKLOG_STATES))
     out = [np.zeros(flat.size) for _ in range(6 if backlog else 4)]
     label = np.zeros(flat.size, dtype=int) if groups is None else np.broadcast_to(groups, lam.shape).reshape(-1)
-    for depth in np.unique(extra):
-        at_depth = extra == depth
-        # each group's chain as alone: its states (``_closed_top``) and arrival counts from its own cells; groups
-        # that come to the same solve together (a cell's figures depend on those two and its own rates alone)
-        chains: dict[tuple[int, int | None], list[np.ndarray]] = {}
-        for g in np.unique(label[at_depth]):
-            rows = at_depth & (label == g)
-            top = _closed_top(flat[rows], t0[rows], tau[rows], full, cv2, full + int(depth))
-            counts = None if groups is None else _chain_steps(flat[rows], t0[rows], tau[rows], full, cv2, top)[-1]
-            chains.setdefault((top, counts), []).append(rows)
-        for (top, counts), parts in chains.items():
-            # groups together up to CHAIN_CELLS_STATES cells x states x counts (bigger arrays run slower per cell)
-            size = _chain_states(top, CHAIN_STATES).size * ((counts or min(top, ARRIVAL_COUNTS)) + 1)
-            batch = np.zeros(flat.size, dtype=bool)
-            for i, rows in enumerate(parts):
-                batch |= rows
-                if i + 1 == len(parts) or (batch.sum() + parts[i + 1].sum()) * size > CHAIN_CELLS_STATES:
-                    for o, x in zip(out, _chain(flat[batch], t0[batch], tau[batch], full, cv2, top, backlog, counts)):
-                        o[batch] = x
-                    batch = np.zeros(flat.size, dtype=bool)
+    # each (depth, group) pair's chain as alone: its states (``_closed_tops``) and arrival counts (``_chain_counts``)
+    # from its own cells; pairs that come to the same solve together (a cell's figures depend on those two and its
+    # own rates alone, not on the depth that sized them)
+    _, pair = np.unique(extra.astype(np.int64) * (int(label.max()) + 1) + label, return_inverse=True)
+    pair = pair.reshape(-1)
+    first = np.zeros(pair.max() + 1, dtype=int)
+    first[pair[::-1]] = np.arange(pair.size)[::-1]  # a cell of each pair
+    tops = _closed_tops(flat, t0, tau, pair, full + extra[first].astype(int), full, cv2)
+    counts = _chain_counts(flat, t0, tau, pair, tops, full, cv2)
+    cells = np.bincount(pair, minlength=tops.size)
+    chains: dict[tuple[int, int], list[int]] = {}
+    for j, key in enumerate(zip(tops.tolist(), counts.tolist())):
+        chains.setdefault(key, []).append(j)
+    for (top, count), members in chains.items():
+        # pairs together up to CHAIN_CELLS_STATES cells x states x counts (bigger arrays run slower per cell)
+        size = _chain_states(top, CHAIN_STATES).size * (count + 1)
+        start = 0
+        while start < len(members):
+            stop, n = start + 1, cells[members[start]]
+            while stop < len(members) and (n + cells[members[stop]]) * size <= CHAIN_CELLS_STATES:
+                n += cells[members[stop]]
+                stop += 1
+            batch = np.isin(pair, members[start:stop])
+            for o, x in zip(out, _chain(flat[batch], t0[batch], tau[batch], full, cv2, top, backlog, count)):
+                o[batch] = x
+            start = stop
     return tuple(x.reshape(lam.shape) for x in out)
 
 
@@ -372,15 +378,49 @@ def _closed_top(flat, t0, tau, full: int, cv2: float, top: int) -> int:
     are then on a finer grid than before). At light load that is two or four states instead of 64 (a plan at
     1-token prompts over the 17 catalog GPUs solved 766 chains of 64 states, 1.7 of its 2.4 s, most of them at
     well under one arrival a step). ``top`` where there is no such T."""
+    return int(_closed_tops(flat, t0, tau, np.zeros(flat.size, dtype=int), np.array([top]), full, cv2)[0])
+
+
+def _closed_tops(flat, t0, tau, pair, limits, full: int, cv2: float) -> np.ndarray:
+    """``_closed_top`` of several chains at once: cell i (of ``flat``, ``t0``, ``tau``) belongs to chain ``pair[i]``,
+    whose top is at most ``limits[pair[i]]``; each chain's top from its own cells."""
+    tops = np.asarray(limits, dtype=int).copy()
+    searching = np.ones(tops.size, dtype=bool)
+    base = t0[:, 0] + tau[:, 0]
     t = 2
-    while t <= full and t < top:
+    while True:
+        searching &= (t <= full) & (t < tops)
+        if not searching.any():
+            return tops
+        cells = searching[pair]
         # the step's line is linear in its batch, so the most arrivals from any q <= t are at q = 1 or q = t
-        mu = flat * np.maximum(t0[:, 0] + tau[:, 0], t0[:, 0] + tau[:, 0] * t)
-        sd = np.sqrt(np.maximum(mu + (flat * tau[:, 0]) ** 2 * t * cv2, 0.0))
-        if float(np.max(_arrival_reach(mu, sd))) <= t:  # NaN compares False: every length is followed
-            return t
+        lam = flat[cells]
+        mu = lam * np.maximum(base[cells], t0[cells, 0] + tau[cells, 0] * t)
+        sd = np.sqrt(np.maximum(mu + (lam * tau[cells, 0]) ** 2 * t * cv2, 0.0))
+        most = np.full(tops.size, -np.inf)
+        with np.errstate(invalid="ignore"):  # NaN propagates: every length is followed
+            np.maximum.at(most, pair[cells], _arrival_reach(mu, sd))
+        done = searching & (most <= t)
+        tops[done] = t
+        searching &= ~done
         t *= 2
-    return top
+
+
+def _chain_counts(flat, t0, tau, pair, tops, full: int, cv2: float) -> np.ndarray:
+    """The arrival counts ``_chain`` weighs one by one (``_chain_steps``) for each chain of ``_closed_tops``, from
+    its own cells."""
+    counts = np.minimum(tops, ARRIVAL_COUNTS)
+    for top in np.unique(tops).tolist():
+        chains = tops == top
+        cells = chains[pair]
+        *_, reach, wide = _chain_reach(flat[cells], t0[cells], tau[cells], full, cv2, top)
+        narrow = np.where(wide, -np.inf, reach).max(axis=1)  # NaN propagates
+        most = np.full(tops.size, -np.inf)
+        with np.errstate(invalid="ignore"):
+            np.maximum.at(most, pair[cells], narrow)
+        for j in np.flatnonzero(chains & (most > -np.inf) | chains & np.isnan(most)).tolist():
+            counts[j] = min(counts[j], 2 ** math.ceil(math.log2(max(float(most[j]), 2.0))))
+    return counts
 
 
 @functools.lru_cache(maxsize=256)
@@ -391,9 +431,9 @@ def _chain_states(top: int, most: int) -> np.ndarray:
     return states
 
 
-def _chain_steps(flat, t0, tau, full: int, cv2: float, top: int) -> tuple:
-    """(states, their batches, step means, mean arrivals, their variance from the lengths, their sd, cells too
-    wide to weigh count by count, the arrival counts weighed) of ``_chain``'s cells."""
+def _chain_reach(flat, t0, tau, full: int, cv2: float, top: int) -> tuple:
+    """(states, their batches, step means, mean arrivals, their variance from the lengths, their sd, the most
+    arrivals weighed (``_arrival_reach``), cells too wide to weigh count by count) of ``_chain``'s cells."""
     states = _chain_states(top, CHAIN_STATES)
     batch = np.minimum(states, full)
     counts = min(top, ARRIVAL_COUNTS)
@@ -403,6 +443,14 @@ def _chain_steps(flat, t0, tau, full: int, cv2: float, top: int) -> tuple:
     sd = np.sqrt(mu + mix)
     reach = _arrival_reach(mu, sd)
     wide = (reach > counts) & (top > counts)  # arrivals beyond the counts weighed one by one
+    return states, batch, m1, mu, mix, sd, reach, wide
+
+
+def _chain_steps(flat, t0, tau, full: int, cv2: float, top: int) -> tuple:
+    """(states, their batches, step means, mean arrivals, their variance from the lengths, their sd, cells too
+    wide to weigh count by count, the arrival counts weighed) of ``_chain``'s cells."""
+    states, batch, m1, mu, mix, sd, reach, wide = _chain_reach(flat, t0, tau, full, cv2, top)
+    counts = min(top, ARRIVAL_COUNTS)
     if not wide.all():  # weigh only as many counts as the narrow cells reach (a power of two, for the cache)
         counts = min(counts, 2 ** math.ceil(math.log2(max(float(reach[~wide].max()), 2.0))))
     return states, batch, m1, mu, mix, sd, wide, counts
