@@ -648,11 +648,13 @@ class PrefillService:
     @classmethod
     def _compute(cls, pm: PoolModel, workload: Workload, p: float) -> PrefillService:
         vals, w = workload.isl.points()
-        cached = np.round(vals * workload.prefix_hit)
-        t = pm.prefill_s(vals - cached, cached)
         q_isl = workload.isl.quantile(p)
-        q_cached = round(q_isl * workload.prefix_hit)
-        return cls(float(np.sum(w * t)), float(np.sum(w * t**2)), float(pm.prefill_s(q_isl - q_cached, q_cached)))
+        # the distribution's points and its p-quantile in one step computation (each prompt's time is its own)
+        prompts = np.append(np.asarray(vals, dtype=float), q_isl)
+        cached = np.round(prompts * workload.prefix_hit)
+        times = np.asarray(pm.prefill_s(prompts - cached, cached), dtype=float)
+        t = times[:-1]
+        return cls(float(np.sum(w * t)), float(np.sum(w * t**2)), float(times[-1]))
 
 
 def z_score(p: float) -> float:
