@@ -253,3 +253,32 @@ def test_chains_of_several_groups_and_depths_equal_each_group_alone(backlog, mon
     # the groups' chains differ at light load (sized together they would all be the busiest one's)
     tops = dg._closed_tops(lam, t0[:, None], tau[:, None], label, np.full(4, 2 * most), most, 0.3)
     assert len(set(tops.tolist())) > 1, tops
+
+
+def test_decode_pools_stacked_equal_each_pool_alone():
+    """The disaggregated decode side sizes every decode pool in one call (``decode_fixed_batches``, and
+    ``product_form_step_moments`` over ``PoolRows``): each row as its pool alone gives it, to the last bit, with
+    the pools' rows interleaved and rates from idle to past the KV limit."""
+    from calculator.serving.base import decode_fixed_batches, decode_fixed_point, product_form_step_moments
+    from calculator.serving.base import running_context
+
+    w = pc.Workload(rate=1.0, isl=3000, osl=400)
+    singles = _singles("llama-3.1-8b", w, ["h100-sxm", "l4", "a100-sxm-80gb"])
+    pms = [s.pm for s in singles]
+    owner = np.array([2, 0, 1, 0, 2, 1, 1, 0])[: 2 * len(pms) + 2] % len(pms)
+    rows = PoolRows(tuple(pms), owner)
+    ctx = running_context(w)
+    lam = np.stack([np.geomspace(0.01, 2.0, 9) * pms[o].batch_limit(w) / (w.osl.mean * float(pms[o].decode_s(1, ctx)))
+                    for o in owner])
+    lam[0, 0] = 0.0  # no arrivals: inf, as alone
+    fixed = decode_fixed_batches(rows, ctx, lam, w.osl.mean, w)
+    load = np.linspace(0.0, 0.99, lam.size).reshape(lam.shape)
+    mean, var = product_form_step_moments(rows, ctx, lam, w.osl.mean, w, fixed, load)
+    for o, pm in enumerate(pms):  # each pool alone: its rows in one call, as ``PoolRows.map`` made them
+        mine = owner == o
+        alone = decode_fixed_point(pm, ctx, lam[mine], w.osl.mean, 1.0, pm.batch_limit(w))[0]
+        np.testing.assert_array_equal(fixed[mine], alone)
+        m1, v1 = product_form_step_moments(pm, ctx, lam[mine], w.osl.mean, pm.batch_limit(w), fixed[mine], load[mine])
+        np.testing.assert_array_equal(mean[mine], m1)
+        np.testing.assert_array_equal(var[mine], v1)
+    assert np.isinf(fixed).any() and np.isfinite(fixed).any()  # both sides of the limit

@@ -1042,6 +1042,20 @@ def decode_fixed_point(pm: PoolModel, context: float, rate, osl_mean: float, inf
     return batch, np.where(stable, t_d * inflation, np.inf)
 
 
+def decode_fixed_batches(rows: PoolRows, context: float, rate, osl_mean: float, w: Workload) -> np.ndarray:
+    """``decode_fixed_point``'s B (inflation 1) of every row of ``rate`` (rows x n) on its own pool's table up to
+    its batch limit, all pools in one root search: the same figures as each pool alone, to the last bit."""
+    tables = [m.decode_table(context, m.batch_limit(w)) for m in rows.pools]
+    grids = np.stack([g for g, _ in tables])[rows.owner][:, None, :]  # (rows, 1, P)
+    seen_t = np.stack([seen(g, t) for g, t in tables])[rows.owner][:, None, :]
+    rate = np.asarray(rate, dtype=float)
+    k = np.asarray(f.littles_law_batch({"lambda": rate, "n_out": osl_mean, "TPOT": 1.0}), dtype=float)
+    k = np.broadcast_to(k, rate.shape).reshape(rate.shape[0], -1)
+    g, found, i, inside = _first_crossing(grids, grids - k[..., None] * seen_t)
+    below = grids[..., 0] - g[..., 0]
+    return np.where(found, np.where(i == 0, below, inside), np.inf).reshape(rate.shape)
+
+
 def decode_step_at(pm: PoolModel, context: float, limit: float, batch) -> np.ndarray:
     """Tabulated decode step time at (possibly fractional) batch sizes, seconds."""
     grid, table = pm.decode_table(context, limit)
@@ -1067,7 +1081,7 @@ MAX_PRODUCT_FORM_STATES = 4096
 """Most batch states ``product_form_step_moments`` sums over per rate (a bound on the work per call)."""
 
 
-def product_form_step_moments(pm: PoolModel, context: float, lam, osl_mean: float, limit: float, batch, rho_d
+def product_form_step_moments(pm: PoolModel | PoolRows, context: float, lam, osl_mean: float, limit, batch, rho_d
                               ) -> tuple[np.ndarray, np.ndarray]:
     """(mean, variance) of the decode step a request sees, t(N + 1), over the batch N of a decode instance
     without prompts, s and s^2: the product form pi(n) ~ prod_{k <= n} lambda osl t(k) / k of the
@@ -1082,15 +1096,38 @@ def product_form_step_moments(pm: PoolModel, context: float, lam, osl_mean: floa
     Qwen3-30B-A3B on an H100 with 6,000-token prompts and 13 slots, 0.6-0.9 of capacity: TPOT means
     11.67-16.19 ms against the simulation's 11.63-16.11 ms, where t(B + 1) at Little's B said 12.07-17.20.
     Summed over a window of states about the mean batch ``batch`` (``PRODUCT_FORM_SPREADS`` negative-binomial
-    deviations; at the limit where ``batch`` is not finite)."""
+    deviations; at the limit where ``batch`` is not finite).
+    For several pool models (``pm`` a ``PoolRows``; ``lam``, ``batch``, ``rho_d`` rows x n; ``limit`` a workload,
+    whose batch limit each pool takes as its own) every row on its own pool's curve in one call: the same
+    figures as each pool alone, to the last bit."""
     lam = np.asarray(lam, dtype=float)
     shape = np.broadcast_shapes(lam.shape, np.shape(batch), np.shape(rho_d))
     lam, b, rho = (np.broadcast_to(np.asarray(a, dtype=float), shape).reshape(-1) for a in (lam, batch, rho_d))
-    top = max(math.floor(limit), 1)
+    if not isinstance(pm, PoolRows):
+        top = float(max(math.floor(limit), 1))
+        mean, var = _product_form(lam, b, rho, np.zeros(lam.size, dtype=int), [pm.decode_table(context, limit)],
+                                  np.array([top]), osl_mean)
+        return mean.reshape(shape), var.reshape(shape)
+    # each pool's entries together, in the order a call per pool takes them (its rows in order, then the rates)
+    owner = np.broadcast_to(pm.owner.reshape(-1, *([1] * (len(shape) - 1))), shape).reshape(-1)
+    order = np.argsort(owner, kind="stable")
+    limits = [m.batch_limit(limit) for m in pm.pools]
+    mean, var = _product_form(lam[order], b[order], rho[order], owner[order],
+                              [m.decode_table(context, lim) for m, lim in zip(pm.pools, limits)],
+                              np.array([float(max(math.floor(lim), 1)) for lim in limits]), osl_mean)
+    out_mean, out_var = np.empty(lam.size), np.empty(lam.size)
+    out_mean[order], out_var[order] = mean, var
+    return out_mean.reshape(shape), out_var.reshape(shape)
+
+
+def _product_form(lam, b, rho, pool, curves, tops, osl_mean: float) -> tuple[np.ndarray, np.ndarray]:
+    """``product_form_step_moments`` of 1-d entries, entry e on the step curve ``curves[pool[e]]`` (batch grid,
+    step s) with ``tops[pool[e]]`` slots; each pool's entries contiguous."""
     ok = lam > 0
     mean_out, var_out = np.full(lam.shape, np.inf), np.full(lam.shape, np.inf)
     if not ok.any():
-        return mean_out.reshape(shape), var_out.reshape(shape)
+        return mean_out, var_out
+    pool, top = pool[ok], tops[pool[ok]]
     lam, b, rho = lam[ok], np.where(np.isfinite(b[ok]), np.minimum(b[ok], top), top), np.minimum(rho[ok], MAX_DECODE_LOAD)
     half = PRODUCT_FORM_SPREADS * np.sqrt(np.maximum(b, 1.0) / (1 - rho)) + 10
     lo = np.clip(np.floor(b - half), 0, top)
@@ -1100,27 +1137,37 @@ def product_form_step_moments(pm: PoolModel, context: float, lam, osl_mean: floa
     ends = starts + widths - 1
     row = np.repeat(np.arange(widths.size), widths)
     n = lo[row] + (np.arange(row.size) - starts[row])
-    grid, table = pm.decode_table(context, limit)
-    steps = np.interp(np.maximum(n, 1.0), grid, table)  # t(n): the step of n sequences
-    seen = np.interp(np.minimum(n + 1, top), grid, table)  # t(n + 1): the step a request among them sees
+    steps, seen_steps, log_pi = np.empty(n.size), np.empty(n.size), np.empty(n.size)
+    ratio = np.empty(n.size)
+    t_top = np.empty(lam.size)
+    state_pool = pool[row]
+    for i, (grid, table) in enumerate(curves):
+        states, entries = state_pool == i, pool == i
+        if not entries.any():
+            continue
+        steps[states] = np.interp(np.maximum(n[states], 1.0), grid, table)  # t(n): the step of n sequences
+        # t(n + 1): the step a request among them sees
+        seen_steps[states] = np.interp(np.minimum(n[states] + 1, tops[i]), grid, table)
+        t_top[entries] = float(np.interp(tops[i], grid, table))
     ratio = np.log(lam[row] * osl_mean * steps / np.maximum(n, 1.0))
     ratio[starts] = 0.0  # each window's first state is its reference
-    log_pi = np.cumsum(ratio)
+    for i in range(len(curves)):  # one running sum a pool, as a call per pool sums
+        states = state_pool == i
+        log_pi[states] = np.cumsum(ratio[states])
     log_pi -= log_pi[starts][row]
     pi = np.exp(log_pi - np.maximum.reduceat(log_pi, starts)[row])
     # the queue beyond the full batch: states top + 1, top + 2, ... at ratio r, each decoding at t(top)
-    t_top = float(np.interp(top, grid, table))
     r = lam * osl_mean * t_top / top
     reaches = n[ends] >= top
     with np.errstate(divide="ignore", invalid="ignore"):
         queue = np.where(reaches, np.where(r < 1, pi[ends] * r / (1 - r), np.inf), 0.0)
     total = np.add.reduceat(pi, starts) + queue
     with np.errstate(invalid="ignore"):
-        mean = (np.add.reduceat(pi * seen, starts) + queue * t_top) / total
-        var = (np.add.reduceat(pi * (seen - mean[row]) ** 2, starts) + queue * (t_top - mean) ** 2) / total
+        mean = (np.add.reduceat(pi * seen_steps, starts) + queue * t_top) / total
+        var = (np.add.reduceat(pi * (seen_steps - mean[row]) ** 2, starts) + queue * (t_top - mean) ** 2) / total
     finite = np.isfinite(queue)
     mean_out[ok], var_out[ok] = np.where(finite, mean, np.inf), np.where(finite, var, np.inf)
-    return mean_out.reshape(shape), var_out.reshape(shape)
+    return mean_out, var_out
 
 
 def tpot_tail(tpot_mean, rho, lam, x_mean, x_cv2: float, w: Workload, slope, batch, p: float,

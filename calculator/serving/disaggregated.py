@@ -38,6 +38,7 @@ from .base import (
     PrefillService,
     SlotQueue,
     _erf,
+    decode_fixed_batches,
     decode_fixed_point,
     decode_load,
     decreasing_root,
@@ -686,14 +687,20 @@ def _decode_side(dec: PoolModel | PoolRows, w: Workload, lam_d: np.ndarray, p: f
         return pools.decode_steps(ctx, w, batch)
 
     # B = lambda osl t(B + 1): where to look
-    fixed = pools.map(lambda m, lam: decode_fixed_point(m, ctx, lam, w.osl.mean, 1.0, m.batch_limit(w))[0], lam_d)
+    if len(pools.pools) == 1:
+        fixed = decode_fixed_point(pools.pools[0], ctx, lam_d, w.osl.mean, 1.0, limit)[0]
+    else:
+        fixed = decode_fixed_batches(pools, ctx, lam_d, w.osl.mean, w)
     slope0 = step_at(np.minimum(fixed, limit) + 1) - step_at(np.minimum(fixed, limit))
     # no prompts stretch the lifetimes here: the step a request sees, t(N + 1), over the product form of the
     # batch on the step curve, with the queue for a slot beyond the limit (``product_form_step_moments``): its
     # mean is the TPOT (below t(B + 1) where the curve is concave: an MoE at a small batch) and by Little's law
     # B = lambda osl TPOT sequences decode
-    tpot, step_var = pools.map(lambda m, lam, fx, load: product_form_step_moments(
-        m, ctx, lam, w.osl.mean, m.batch_limit(w), fx, load), lam_d, fixed, decode_load(lam_d, w, slope0))
+    load = decode_load(lam_d, w, slope0)
+    if len(pools.pools) == 1:
+        tpot, step_var = product_form_step_moments(pools.pools[0], ctx, lam_d, w.osl.mean, limit, fixed, load)
+    else:
+        tpot, step_var = product_form_step_moments(pools, ctx, lam_d, w.osl.mean, w, fixed, load)
     batch = lam_d * w.osl.mean * tpot
     b_cap = np.minimum(batch, limit)
     # a full decode batch of L = floor(limit) sequences steps at t_d(L) (no prompts stall it): the
