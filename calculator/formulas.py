@@ -195,7 +195,8 @@ attention_params_gqa = Formula(
 
 
 def _attention_params_mla(d_n: Any, d_r: Any, d_v: Any, h: Any, n_q: Any, r_kv: Any, r_q: Any) -> Any:
-    return d_v*h*n_q + h*(d_r + r_kv) + n_q*r_kv*(d_n + d_v) + r_kv + numpy.select([numpy.greater(r_q, 0),True], [h*r_q + n_q*r_q*(d_n + d_r) + r_q,h*n_q*(d_n + d_r)], default=numpy.nan)
+    _s0 = (d_n + d_r)
+    return d_v*h*n_q + h*(d_r + r_kv) + n_q*r_kv*(d_n + d_v) + r_kv + numpy.select([numpy.greater(r_q, 0),True], [h*r_q + n_q*r_q*_s0 + r_q,h*n_q*_s0], default=numpy.nan)
 
 
 attention_params_mla = Formula(
@@ -291,7 +292,10 @@ embedding_params = Formula(
 
 
 def _total_params_gqa(E: Any, E_s: Any, I: Any, I_e: Any, L: Any, L_m: Any, P_pos: Any, V: Any, beta_e: Any, beta_ln: Any, beta_mlp: Any, beta_o: Any, beta_qkv: Any, beta_r: Any, d: Any, g: Any, h: Any, n_kv: Any, n_norm: Any, n_q: Any, nu_qk: Any, sigma: Any, tie: Any) -> Any:
-    return L*(beta_o*h + beta_qkv*(2*d*n_kv + d*n_q) + 2*nu_qk*d + sigma*n_q + 2*d*h*n_kv + 2*d*h*n_q + h*n_norm*(beta_ln + 1)) + L_m*(E*beta_r + E*h + E*(I_e*h*(g + 2) + beta_e*(I_e*(g + 1) + h)) + E_s*I_e*h*(g + 2)) + P_pos*h + V*h*(2 - tie) + h*(beta_ln + 1) + (L - L_m)*(I*h*(g + 2) + beta_mlp*(I*(g + 1) + h))
+    _s0 = (beta_ln + 1)
+    _s1 = (g + 2)
+    _s2 = (g + 1)
+    return L*(beta_o*h + beta_qkv*(2*d*n_kv + d*n_q) + 2*nu_qk*d + sigma*n_q + 2*d*h*n_kv + 2*d*h*n_q + h*n_norm*_s0) + L_m*(E*beta_r + E*h + E*(I_e*h*_s1 + beta_e*(I_e*_s2 + h)) + E_s*I_e*h*_s1) + P_pos*h + V*h*(2 - tie) + h*_s0 + (L - L_m)*(I*h*_s1 + beta_mlp*(I*_s2 + h))
 
 
 total_params_gqa = Formula(
@@ -307,7 +311,10 @@ total_params_gqa = Formula(
 
 
 def _active_params_gqa(E: Any, E_s: Any, I: Any, I_e: Any, L: Any, L_m: Any, P_pos: Any, V: Any, beta_e: Any, beta_ln: Any, beta_mlp: Any, beta_o: Any, beta_qkv: Any, beta_r: Any, d: Any, g: Any, h: Any, k: Any, n_kv: Any, n_norm: Any, n_q: Any, nu_qk: Any, sigma: Any, tie: Any) -> Any:
-    return L*(beta_o*h + beta_qkv*(2*d*n_kv + d*n_q) + 2*nu_qk*d + sigma*n_q + 2*d*h*n_kv + 2*d*h*n_q + h*n_norm*(beta_ln + 1)) + L_m*(E*beta_r + E*h + E_s*I_e*h*(g + 2) + k*(I_e*h*(g + 2) + beta_e*(I_e*(g + 1) + h))) + P_pos*h + V*h*(2 - tie) + h*(beta_ln + 1) + (L - L_m)*(I*h*(g + 2) + beta_mlp*(I*(g + 1) + h))
+    _s0 = (beta_ln + 1)
+    _s1 = (g + 2)
+    _s2 = (g + 1)
+    return L*(beta_o*h + beta_qkv*(2*d*n_kv + d*n_q) + 2*nu_qk*d + sigma*n_q + 2*d*h*n_kv + 2*d*h*n_q + h*n_norm*_s0) + L_m*(E*beta_r + E*h + E_s*I_e*h*_s1 + k*(I_e*h*_s1 + beta_e*(I_e*_s2 + h))) + P_pos*h + V*h*(2 - tie) + h*_s0 + (L - L_m)*(I*h*_s1 + beta_mlp*(I*_s2 + h))
 
 
 active_params_gqa = Formula(
@@ -323,7 +330,11 @@ active_params_gqa = Formula(
 
 
 def _total_params_mla(E: Any, E_s: Any, I: Any, I_e: Any, L: Any, L_m: Any, P_pos: Any, V: Any, beta_e: Any, beta_ln: Any, beta_mlp: Any, beta_r: Any, d_n: Any, d_r: Any, d_v: Any, g: Any, h: Any, n_norm: Any, n_q: Any, r_kv: Any, r_q: Any, tie: Any) -> Any:
-    return L*(d_v*h*n_q + h*n_norm*(beta_ln + 1) + h*(d_r + r_kv) + n_q*r_kv*(d_n + d_v) + r_kv + numpy.select([numpy.greater(r_q, 0),True], [h*r_q + n_q*r_q*(d_n + d_r) + r_q,h*n_q*(d_n + d_r)], default=numpy.nan)) + L_m*(E*beta_r + E*h + E*(I_e*h*(g + 2) + beta_e*(I_e*(g + 1) + h)) + E_s*I_e*h*(g + 2)) + P_pos*h + V*h*(2 - tie) + h*(beta_ln + 1) + (L - L_m)*(I*h*(g + 2) + beta_mlp*(I*(g + 1) + h))
+    _s0 = (beta_ln + 1)
+    _s1 = (d_n + d_r)
+    _s2 = (g + 2)
+    _s3 = (g + 1)
+    return L*(d_v*h*n_q + h*n_norm*_s0 + h*(d_r + r_kv) + n_q*r_kv*(d_n + d_v) + r_kv + numpy.select([numpy.greater(r_q, 0),True], [h*r_q + n_q*r_q*_s1 + r_q,h*n_q*_s1], default=numpy.nan)) + L_m*(E*beta_r + E*h + E*(I_e*h*_s2 + beta_e*(I_e*_s3 + h)) + E_s*I_e*h*_s2) + P_pos*h + V*h*(2 - tie) + h*_s0 + (L - L_m)*(I*h*_s2 + beta_mlp*(I*_s3 + h))
 
 
 total_params_mla = Formula(
@@ -339,7 +350,11 @@ total_params_mla = Formula(
 
 
 def _active_params_mla(E: Any, E_s: Any, I: Any, I_e: Any, L: Any, L_m: Any, P_pos: Any, V: Any, beta_e: Any, beta_ln: Any, beta_mlp: Any, beta_r: Any, d_n: Any, d_r: Any, d_v: Any, g: Any, h: Any, k: Any, n_norm: Any, n_q: Any, r_kv: Any, r_q: Any, tie: Any) -> Any:
-    return L*(d_v*h*n_q + h*n_norm*(beta_ln + 1) + h*(d_r + r_kv) + n_q*r_kv*(d_n + d_v) + r_kv + numpy.select([numpy.greater(r_q, 0),True], [h*r_q + n_q*r_q*(d_n + d_r) + r_q,h*n_q*(d_n + d_r)], default=numpy.nan)) + L_m*(E*beta_r + E*h + E_s*I_e*h*(g + 2) + k*(I_e*h*(g + 2) + beta_e*(I_e*(g + 1) + h))) + P_pos*h + V*h*(2 - tie) + h*(beta_ln + 1) + (L - L_m)*(I*h*(g + 2) + beta_mlp*(I*(g + 1) + h))
+    _s0 = (beta_ln + 1)
+    _s1 = (d_n + d_r)
+    _s2 = (g + 2)
+    _s3 = (g + 1)
+    return L*(d_v*h*n_q + h*n_norm*_s0 + h*(d_r + r_kv) + n_q*r_kv*(d_n + d_v) + r_kv + numpy.select([numpy.greater(r_q, 0),True], [h*r_q + n_q*r_q*_s1 + r_q,h*n_q*_s1], default=numpy.nan)) + L_m*(E*beta_r + E*h + E_s*I_e*h*_s2 + k*(I_e*h*_s2 + beta_e*(I_e*_s3 + h))) + P_pos*h + V*h*(2 - tie) + h*_s0 + (L - L_m)*(I*h*_s2 + beta_mlp*(I*_s3 + h))
 
 
 active_params_mla = Formula(
@@ -425,7 +440,8 @@ causal_pairs_full = Formula(
 
 
 def _causal_pairs_window(P: Any, S: Any, W: Any) -> Any:
-    return P*functools.reduce(numpy.maximum, [0, -P + functools.reduce(numpy.minimum, [W, P + S])]) + W*(S - functools.reduce(numpy.maximum, [0, -P + functools.reduce(numpy.minimum, [W, P + S])])) + (1/2)*(functools.reduce(numpy.maximum, [0, -P + functools.reduce(numpy.minimum, [W, P + S])]) + 1)*functools.reduce(numpy.maximum, [0, -P + functools.reduce(numpy.minimum, [W, P + S])])
+    _s0 = functools.reduce(numpy.maximum, [0, -P + functools.reduce(numpy.minimum, [W, P + S])])
+    return P*_s0 + W*(S - _s0) + (1/2)*(_s0 + 1)*_s0
 
 
 causal_pairs_window = Formula(
@@ -441,7 +457,8 @@ causal_pairs_window = Formula(
 
 
 def _attention_flops(L: Any, L_w: Any, P: Any, S: Any, W: Any, b: Any, d_pv: Any, d_qk: Any, n_q: Any) -> Any:
-    return 2*b*n_q*(d_pv + d_qk)*(L_w*(P*functools.reduce(numpy.maximum, [0, -P + functools.reduce(numpy.minimum, [W, P + S])]) + W*(S - functools.reduce(numpy.maximum, [0, -P + functools.reduce(numpy.minimum, [W, P + S])])) + (1/2)*(functools.reduce(numpy.maximum, [0, -P + functools.reduce(numpy.minimum, [W, P + S])]) + 1)*functools.reduce(numpy.maximum, [0, -P + functools.reduce(numpy.minimum, [W, P + S])])) + (L - L_w)*(P*S + (1/2)*S*(S + 1)))
+    _s0 = functools.reduce(numpy.maximum, [0, -P + functools.reduce(numpy.minimum, [W, P + S])])
+    return 2*b*n_q*(d_pv + d_qk)*(L_w*(P*_s0 + W*(S - _s0) + (1/2)*(_s0 + 1)*_s0) + (L - L_w)*(P*S + (1/2)*S*(S + 1)))
 
 
 attention_flops = Formula(
@@ -1000,7 +1017,8 @@ slot_wait_factor = Formula(
 
 
 def _stall_batch_q(rho_x: Any) -> Any:
-    return (1 - (1 - rho_x)**2)/((1 - rho_x)**2 + 1)
+    _s0 = (1 - rho_x)
+    return (1 - _s0**2)/(_s0**2 + 1)
 
 
 stall_batch_q = Formula(
@@ -1208,7 +1226,8 @@ running_context = Formula(
 
 
 def _full_batch_hold(B: Any, L_full: Any, k_own: Any, n_out: Any, t_d: Any, t_slope: Any, x_p: Any) -> Any:
-    return L_full*x_p + (t_d + t_slope*(-B + L_full - functools.reduce(numpy.minimum, [L_full - 1, L_full*k_own/functools.reduce(numpy.maximum, [1, k_own + n_out - 1])])))*functools.reduce(numpy.maximum, [1, k_own + n_out - 1])
+    _s0 = functools.reduce(numpy.maximum, [1, k_own + n_out - 1])
+    return L_full*x_p + (t_d + t_slope*(-B + L_full - functools.reduce(numpy.minimum, [L_full - 1, L_full*k_own/_s0])))*_s0
 
 
 full_batch_hold = Formula(
@@ -1288,7 +1307,8 @@ busy_batch_rise = Formula(
 
 
 def _token_weighted_tpot(B: Any, Delta_B: Any, rho_b: Any, t_b: Any, t_d: Any) -> Any:
-    return B/(rho_b*(B + Delta_B*(1 - rho_b))/t_b + (1 - rho_b)*(B - Delta_B*rho_b)/t_d)
+    _s0 = (1 - rho_b)
+    return B/(rho_b*(B + Delta_B*_s0)/t_b + _s0*(B - Delta_B*rho_b)/t_d)
 
 
 token_weighted_tpot = Formula(
@@ -1336,7 +1356,9 @@ bulk_start_variance = Formula(
 
 
 def _wait_plus_own_quantile(s_mean: Any, s_p: Any, w_mean: Any, w_p: Any) -> Any:
-    return (1/2)*s_mean + (1/2)*w_mean + (1/2)*s_p + (1/2)*w_p + (1/2)*numpy.sqrt(abs((s_mean - s_p)*abs(s_mean - s_p) + (w_mean - w_p)*abs(w_mean - w_p)))*numpy.sign((-s_mean + s_p)*abs(s_mean - s_p) + (-w_mean + w_p)*abs(w_mean - w_p))
+    _s0 = abs(w_mean - w_p)
+    _s1 = abs(s_mean - s_p)
+    return (1/2)*s_mean + (1/2)*w_mean + (1/2)*s_p + (1/2)*w_p + (1/2)*numpy.sqrt(abs((s_mean - s_p)*_s1 + (w_mean - w_p)*_s0))*numpy.sign((-s_mean + s_p)*_s1 + (-w_mean + w_p)*_s0)
 
 
 wait_plus_own_quantile = Formula(

@@ -5,7 +5,8 @@
 
 Each expression of ``calculator/formulas_sympy.py`` is printed by sympy's ``NumPyPrinter`` with the
 settings ``lambdify(..., modules="numpy")`` uses, so the generated function is the code lambdify
-would build at import, written down once instead. Its LaTeX (``sympy.latex``), unit, doc and the
+would build at import, written down once instead, with each call or parenthesised group it repeats computed
+once into a local (``hoist``: the same operations in the same order, so the same results to the last bit). Its LaTeX (``sympy.latex``), unit, doc and the
 meaning of each symbol are written next to it, so the calculator never imports sympy. The output
 depends only on the source and on sympy's printers: regenerating is byte-for-byte reproducible.
 """
@@ -66,7 +67,7 @@ def __getattr__(name: str) -> Any:
 _FORMULA = '''
 
 def _{name}({params}) -> Any:
-    return {code}
+{body}
 
 
 {name} = Formula(
@@ -116,6 +117,68 @@ def _literal(value: str | tuple[str, ...]) -> str:
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
+def _groups(text: str) -> list[str]:
+    """The subexpressions of printed code that are atoms: calls (``numpy.log(...)``, ``functools.reduce(...)``)
+    and parenthesised groups without a top-level comma, each with a variable in it."""
+    out = []
+    for i, ch in enumerate(text):
+        if ch != "(":
+            continue
+        depth, j, comma = 0, i, False
+        while True:
+            depth += {"(": 1, ")": -1, "[": 1, "]": -1}.get(text[j], 0)
+            comma |= depth == 1 and text[j] == ","
+            if depth == 0:
+                break
+            j += 1
+        k = i
+        while k > 0 and (text[k - 1].isalnum() or text[k - 1] in "_."):
+            k -= 1
+        if k == i and ((i > 0 and text[i - 1] in ")]") or comma):
+            continue  # a call of a call's result, or a tuple: not an atom to name
+        group = text[k:j + 1]
+        if re.search(r"[A-Za-z_]", text[i:j + 1]):
+            out.append(group)
+    return out
+
+
+def _atom(group: str) -> re.Pattern[str]:
+    """``group`` where it stands whole: not the tail of a longer name or call (``(x)`` in ``numpy.log(x)``)."""
+    return re.compile(r"(?<![A-Za-z0-9_.])" + re.escape(group))
+
+
+def hoist(code: str, params: set[str]) -> tuple[list[tuple[str, str]], str]:
+    """(assignments, expression): every atom of ``code`` (``_groups``) that occurs twice or more computed once,
+    into a local ``_s0``, ``_s1``, ... (longest first). The printed expression is kept as sympy printed it, each
+    repeat replaced by its name, so it computes the same operations in the same order, on the same values: the
+    same result to the last bit, with fewer numpy calls (the sliding-window attention FLOPs repeat one
+    max(0, min(W, P + S) - P) four times)."""
+    shared: list[tuple[str, str]] = []
+    while True:
+        texts = [code] + [t for _, t in shared]
+        counts: dict[str, int] = {}
+        for g in {g for t in texts for g in _groups(t)}:
+            counts[g] = sum(len(_atom(g).findall(t)) for t in texts)
+        repeated = [g for g, n in counts.items() if n >= 2]
+        if not repeated:
+            break
+        g = max(repeated, key=lambda x: (len(x), x))
+        name = f"_s{len(shared)}"
+        assert name not in params
+        code = _atom(g).sub(name, code)
+        shared = [(n, _atom(g).sub(name, t)) for n, t in shared] + [(name, g)]
+    # each after the names it uses
+    ordered: list[tuple[str, str]] = []
+    pending = list(shared)
+    while pending:
+        ready = [(n, t) for n, t in pending
+                 if not any(re.search(rf"\b{m}\b", t) for m, _ in pending if m != n)]
+        assert ready, pending
+        ordered += ready
+        pending = [x for x in pending if x not in ready]
+    return ordered, code
+
+
 def sections() -> list[tuple[int, str]]:
     """(line, title) of every ``# --- title ---`` header of the sympy source."""
     lines = inspect.getsource(source).splitlines()
@@ -142,8 +205,10 @@ def render() -> str:
         code = printer.doprint(f.expr)
         assert set(printer.module_imports) <= {"numpy", "functools"}, printer.module_imports
         params = ", ".join(f"{parameter_name(a)}: Any" for a in f.args)
+        shared, code = hoist(code, set(names.values()))
+        body = "".join(f"    {n} = {text}\n" for n, text in shared) + f"    return {code}"
         out.append(_FORMULA.format(name=f.name, section=_literal(section), unit=_literal(f.unit), doc=_literal(f.doc),
-                                   args=_literal(f.args), latex=_literal(sp.latex(f.expr)), params=params, code=code))
+                                   args=_literal(f.args), latex=_literal(sp.latex(f.expr)), params=params, body=body))
     out.append("\n\nFORMULAS: dict[str, Formula] = {f.name: f for f in (\n")
     out.extend(f"    {f.name},\n" for f in source.FORMULAS.values())
     out.append(")}\n")

@@ -108,3 +108,16 @@ def test_calculator_runs_without_importing_sympy():
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_repeated_atoms_are_computed_once_and_only_whole():
+    """``hoist`` names a call or parenthesised group that the printed code repeats, computes it first (after the
+    names it uses) and leaves the rest of the expression as printed; a call's argument list is not a group."""
+    shared, code = codegen.hoist("numpy.log(a + b)*(a + b) + numpy.log(a + b)", {"a", "b"})
+    assert shared == [("_s0", "numpy.log(a + b)")] and code == "_s0*(a + b) + _s0"
+    shared, code = codegen.hoist("numpy.exp((x + 1)) + (x + 1)*numpy.exp((x + 1))", {"x"})
+    assert shared == [("_s1", "(x + 1)"), ("_s0", "numpy.exp(_s1)")] and code == "_s0 + _s1*_s0"
+    # the sliding-window attention FLOPs take max(0, min(W, P + S) - P) once, not four times
+    source_text = Path(codegen.TARGET).read_text(encoding="utf-8")
+    body = source_text.split("def _attention_flops(")[1].split("\n\n")[0]
+    assert body.count("functools.reduce(numpy.maximum") == 1
