@@ -689,7 +689,7 @@ def _disaggregated(m: ModelSpec, singles: list[_Single], w: Workload, slo: SLO, 
     alone = [Deployment(mode="disaggregated", decode=one, kv_link=kv_link,
                         prefill=s.pm.pool.model_copy(update={"instances": MAX_POOL_INSTANCES, "spec": None}))
              for s, one in zip(singles, ones)]
-    grids = [rate_grid(s.pm.batch_limit(w) / (w.osl.mean * float(s.pm.decode_s(1, w.isl.mean))),
+    grids = [rate_grid(s.pm.batch_limit(w) / (w.osl.mean * s.pm.decode_point(1.0, w.isl.mean)),
                        CAPACITY_GRID_POINTS) for s in singles]
     budget.check()
     at_one = w.model_copy(update={"rate": 1.0})

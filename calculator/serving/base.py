@@ -336,7 +336,19 @@ class PoolModel:
         key = ("decode", float(context), float(limit))
         if key not in self._cache:
             grid = batch_grid(limit)
-            self._cache[key] = (grid, np.asarray(self.decode_s(grid, context), dtype=float))
+            # with one sequence's step at the mean prompt (``decode_point``: a plan's decode rate grid asks for it)
+            # in the same step computation, each entry its own
+            steps = np.asarray(self.decode_s(np.append(grid, 1.0), np.append(np.full(grid.size, float(context)),
+                                                                              self.isl_mean)), dtype=float)
+            self._cache[key] = (grid, steps[:-1])
+            self._cache.setdefault(("decode_point", 1.0, self.isl_mean), float(steps[-1]))
+        return self._cache[key]
+
+    def decode_point(self, batch: float, context: float) -> float:
+        """One decode step of ``batch`` sequences at ``context`` tokens, s (cached)."""
+        key = ("decode_point", float(batch), float(context))
+        if key not in self._cache:
+            self._cache[key] = float(self.decode_s(batch, context))
         return self._cache[key]
 
     def chunked_tables(self, context: float, grid_limit: float, limits: np.ndarray, chunks: np.ndarray,
