@@ -125,7 +125,14 @@ def analyse_budgets(pm: PoolModel | PoolRows, w: Workload, total_rate: np.ndarra
         x_g = s_g - k_g * t_d_g
         tpot_g = busy_tpot(lam3, b, seen_g, lam3 * x_g, work_g, t_b_g, cv2, ca2)
         one_step_g = whole[:, None, None] | (2 * isl_new <= room_g)  # a prompt runs in one step
-        tpot_g = tpot_g + _bulk_start(one_step_g, lam3, x_g, s_g, tpot_g, w, variance=False)[0]
+        # only the rows where some prompt runs in one step have a start stall (it is 0 elsewhere)
+        some = one_step_g.any(axis=(1, 2))
+        if some.all():
+            tpot_g = tpot_g + _bulk_start(one_step_g, lam3, x_g, s_g, tpot_g, w, variance=False)[0]
+        elif some.any():
+            tpot_g = np.array(tpot_g)
+            tpot_g[some] = tpot_g[some] + _bulk_start(*(np.broadcast_to(a, (chunks.size, *a.shape[1:]))[some] for a in (
+                one_step_g, lam3, x_g, s_g, tpot_g)), w, variance=False)[0]
         return b - lam3 * w.osl.mean * tpot_g
 
     batch = coarse_first_root(grid, excess, upper=limit)
