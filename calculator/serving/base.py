@@ -1499,19 +1499,38 @@ def _batched_slot_wait_probability(lam, batch, c, hold, slope, full, rho) -> np.
     # so the smaller count's chain is its states below m_lo, which this one shares
     m_hi = m_lo + 1
     k = np.arange(1.0, float(m_hi.max()) + 1.0)  # states 1 ... max(m)
-    linear = np.clip(hold[:, None] + slope[:, None] * (k[None, :] - 1 - batch[:, None]), 1e-12, full[:, None])
-    hold_k = np.where(k[None, :] < m_hi[:, None], linear, full[:, None])
-    mu = np.minimum(k[None, :], m_hi[:, None]) / hold_k
+    # (entries x states) arrays, computed in place: the same operations in the same order as written out
+    beyond = k[None, :] >= m_hi[:, None]
+    hold_k = np.subtract((k - 1)[None, :], batch[:, None])
+    hold_k *= slope[:, None]
+    hold_k += hold[:, None]
+    np.clip(hold_k, 1e-12, full[:, None], out=hold_k)  # the linear hold, at the full batch's from the cap on
+    np.copyto(hold_k, full[:, None], where=beyond)
+    mu = np.minimum(k[None, :], m_hi[:, None])
+    mu /= hold_k
     # log a(n), n = 0 ... max(m) - 1
-    log_a = np.log(lam_b)[:, None] + np.concatenate(
-        [np.zeros((lam.size, 1)), np.cumsum(np.log(q[:, None] + lam_b[:, None] / mu[:, :-1]), axis=1)], axis=1)
-    log_pi = log_a - np.log(mu)  # pi(1 ... max(m)), unnormalised (pi(0) = 1)
+    log_a = np.empty(mu.shape)
+    log_a[:, 0] = 0.0
+    steps = np.divide(lam_b[:, None], mu[:, :-1], out=log_a[:, 1:])
+    steps += q[:, None]
+    np.log(steps, out=steps)
+    np.cumsum(steps, axis=1, out=steps)
+    log_a += np.log(lam_b)[:, None]
+    log_pi = np.log(mu, out=mu)
+    np.subtract(log_a, log_pi, out=log_pi)  # pi(1 ... max(m)), unnormalised (pi(0) = 1)
     out = []
+    work = np.empty(log_pi.shape)
     for m in (m_lo, m_hi):
-        below_cap = k[None, :] < m[:, None]
+        above_cap = k[None, :] >= m[:, None]
         top = log_a[rows, m.astype(int) - 1]  # the queue beyond the cap starts from a(m - 1)
-        shift = np.maximum(np.maximum(np.where(below_cap, log_pi, -np.inf).max(axis=1), top), 0.0)  # no overflow
-        below = np.exp(-shift) + np.where(below_cap, np.exp(log_pi - shift[:, None]), 0.0).sum(axis=1)
+        np.copyto(work, log_pi)
+        np.copyto(work, -np.inf, where=above_cap)
+        shift = np.maximum(np.maximum(work.max(axis=1), top), 0.0)  # no overflow
+        np.subtract(log_pi, shift[:, None], out=work)
+        with np.errstate(over="ignore"):  # states beyond the cap, which are not summed
+            np.exp(work, out=work)
+        np.copyto(work, 0.0, where=above_cap)
+        below = np.exp(-shift) + work.sum(axis=1)
         r = lam * full / m
         queue = np.exp(top - shift) * full / (m * (1 - q) * np.maximum(1 - r, 1e-300))
         out.append(np.where(r < 1, queue / (below + queue), 1.0))
