@@ -364,6 +364,10 @@ class PoolModel:
         Rows are cached per budget, so a search over budgets builds each once.
         """
         grid = batch_grid(grid_limit)
+        whole = ("chunked tables", float(context), float(grid_limit), limits.tobytes(), chunks.tobytes(), prompts_new,
+                 prompt_cached)
+        if whole in self._cache:  # the same budgets again (a plan's trial counts after its rate grid)
+            return self._cache[whole]
         keys = [("chunked", float(context), float(grid_limit), float(lim), float(c), prompts_new, prompt_cached)
                 for lim, c in zip(limits.tolist(), chunks.tolist())]
         missing = [i for i, k in enumerate(keys) if k not in self._cache]
@@ -390,10 +394,16 @@ class PoolModel:
             rows["decode_only"] = np.interp(B, d_grid, d_table)
             for i, k in enumerate(n_chunks):
                 rows[f"prefill_{i}"] = (k - 1) * times[2 * i] + times[2 * i + 1]
+            rows = {name: np.broadcast_to(r, B.shape) for name, r in rows.items()}
             for j, i in enumerate(missing):
-                self._cache[keys[i]] = {name: np.broadcast_to(r, B.shape)[j] for name, r in rows.items()}
+                self._cache[keys[i]] = {name: r[j] for name, r in rows.items()}
         names = self._cache[keys[0]].keys()
-        return {"grid": grid, **{name: np.stack([self._cache[k][name] for k in keys]) for name in names}}
+        out = {"grid": grid, **{name: np.stack([self._cache[k][name] for k in keys]) for name in names}}
+        for table in out.values():
+            table.flags.writeable = False
+        if len(self._cache) < 4096:
+            self._cache[whole] = out
+        return out
 
 
 @dataclass(frozen=True)
