@@ -811,11 +811,23 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
         lags_ = pick(lags, 1)
         jw, js = (None, None) if join_tau is None else (pick(join_w, 1), pick(join_shift, 1))
 
+        spare: list[np.ndarray] = []  # the shifted Weibull's (points x cells) array, reused across a bisection
+
         def tail(x):
             idle = np.maximum(0.0, 1 - x / t_) if join_tau is None else joined_idle_tail(x, t_, jw, js)
             if shift is None:
                 return (1 - pw_) * idle + pw_ * np.exp(-((x / sc_) ** k_))
-            return (1 - pw_) * idle + pw_ * np.exp(-((np.maximum(x - lags_, 0.0) / sc_) ** k_)).mean(axis=0)
+            shape = np.broadcast_shapes(np.shape(x), lags_.shape, np.shape(sc_), np.shape(k_))
+            if not spare or spare[0].shape != shape:
+                spare[:] = [np.empty(shape)]
+            w = spare[0]  # exp(-((max(x - lag, 0) / s)^k)) over the lags, in place
+            np.subtract(x, lags_, out=w)
+            np.maximum(w, 0.0, out=w)
+            np.divide(w, sc_, out=w)
+            np.power(w, k_, out=w)
+            np.negative(w, out=w)
+            np.exp(w, out=w)
+            return (1 - pw_) * idle + pw_ * w.mean(axis=0)
 
         return tail
 
