@@ -282,3 +282,35 @@ def test_decode_pools_stacked_equal_each_pool_alone():
         np.testing.assert_array_equal(mean[mine], m1)
         np.testing.assert_array_equal(var[mine], v1)
     assert np.isinf(fixed).any() and np.isfinite(fixed).any()  # both sides of the limit
+
+
+@pytest.mark.parametrize("model, gpu, spec", [("llama-3.1-8b", "h100-sxm", None), ("qwen3-30b-a3b", "l40s", None),
+                                              ("llama-3.1-70b", "h200-sxm", {"kind": "draft", "tokens": 3,
+                                                                            "acceptance": 0.7,
+                                                                            "draft_model": "llama-3.1-8b"})])
+def test_tables_built_together_equal_each_built_alone(model, gpu, spec):
+    """A pool's chunked tables bring its two-prompt table (``PoolModel.two_prompt_table``) and its decode table the
+    batch-1 step at the mean prompt (``decode_point``), each from the same step computation: the same figures, to
+    the last bit, as each built on its own (a fresh pool model), speculative decoding included."""
+    from calculator.serving.base import PoolModel, running_context
+
+    m = pc.load_model(model)
+    w = pc.Workload(rate=1.0, isl={"mean": 1500, "cv": 0.5}, osl=300, prefix_hit=0.3)
+    pool = pc.Pool(gpu=gpu, tp=2 if model == "llama-3.1-70b" else 1, spec=spec)
+    together, alone = PoolModel.build(m, pool, w), PoolModel.build(m, pool, w)
+    ctx, limit = running_context(w), together.batch_limit(w)
+    cached = w.isl.mean * w.prefix_hit
+    chunks = np.array([8192.0, 512.0, 2048.0])
+    limits = np.array([limit, min(limit, 511.0), min(limit, 2047.0)])
+    tables = together.chunked_tables(ctx, limit, limits, chunks, (w.isl.mean - cached, 2000.0), cached)
+    assert together.two_prompt_key(ctx, w.isl.mean - cached, cached, limit) in together._cache
+    for a, b in zip(together.two_prompt_table(ctx, w.isl.mean - cached, cached, limit),
+                    alone.two_prompt_table(ctx, w.isl.mean - cached, cached, limit)):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(tables["decode_only"][0], np.interp(
+        np.minimum(tables["grid"], limits[0]), *alone.decode_table(ctx, limit)))
+    assert together.decode_point(1.0, w.isl.mean) == float(alone.decode_s(1, w.isl.mean))
+    # the tables' rows are what the pool gives alone: the hybrid steps by ``hybrid_s``
+    k = np.maximum(np.ceil((w.isl.mean - cached) / np.maximum(chunks[1] - np.minimum(tables["grid"], limits[1]), 1.0)),
+                   1.0)
+    np.testing.assert_array_equal(tables["iters_0"][1], k)

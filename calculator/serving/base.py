@@ -351,6 +351,21 @@ class PoolModel:
             self._cache[key] = float(self.decode_s(batch, context))
         return self._cache[key]
 
+    @staticmethod
+    def two_prompt_key(context: float, tokens: float, cached: float, limit: float) -> tuple:
+        return ("two prompts", float(context), float(tokens), float(cached), float(limit))
+
+    def two_prompt_table(self, context: float, tokens: float, cached: float, limit: float
+                         ) -> tuple[np.ndarray, np.ndarray]:
+        """(batch grid, s): a step that carries two whole prompts of ``tokens`` new tokens after ``cached`` ones
+        beside B running decodes at ``context``, over the batch grid up to ``limit``. Cached (a plan asks at its
+        rate grid and at its trial counts); ``chunked_tables`` builds it with its own tables."""
+        key = self.two_prompt_key(context, tokens, cached, limit)
+        if key not in self._cache:
+            grid = batch_grid(limit)
+            self._cache[key] = (grid, np.asarray(self.step_s(grid, context, tokens, cached, 2.0), dtype=float))
+        return self._cache[key]
+
     def chunked_tables(self, context: float, grid_limit: float, limits: np.ndarray, chunks: np.ndarray,
                        prompts_new: tuple[float, ...], prompt_cached: float) -> dict[str, np.ndarray]:
         """Sarathi iteration times per chunk budget C (rows) over a batch grid (columns), seconds.
@@ -388,7 +403,21 @@ class PoolModel:
             for n, k in zip(prompts_new, n_chunks):
                 tokens += [np.minimum(room, C), n - (k - 1) * room]
                 prefixes += [prompt_cached + np.maximum(k - 2, 0.0) * room / 2, prompt_cached + (k - 1) * room]
-            times = np.asarray(self.hybrid_s(B[None], context, np.stack(tokens), np.stack(prefixes)), dtype=float)
+            tokens, prefixes = np.stack(tokens), np.stack(prefixes)
+            decodes = np.broadcast_to(np.maximum(B[None], 1.0), tokens.shape)  # as ``hybrid_s`` takes them
+            two = self.two_prompt_key(context, prompts_new[0], prompt_cached, grid_limit)
+            if two in self._cache:
+                times = np.asarray(self.hybrid_s(B[None], context, tokens, prefixes), dtype=float)
+            else:
+                # with the step of two whole mean prompts beside every batch of the grid (``two_prompt_table``), in
+                # the same step computation: each entry's time is its own
+                both = np.asarray(self._step(
+                    np.concatenate([decodes.ravel(), grid]), context,
+                    (np.concatenate([tokens.ravel(), np.full(grid.size, prompts_new[0])]),
+                     np.concatenate([prefixes.ravel(), np.full(grid.size, prompt_cached)]),
+                     np.concatenate([np.ones(tokens.size), np.full(grid.size, 2.0)]))), dtype=float)
+                times = both[:tokens.size].reshape(tokens.shape)
+                self._cache[two] = (grid, both[tokens.size:])
             rows["full"] = times[0]
             d_grid, d_table = self.decode_table(context, grid_limit)  # no prompt: a plain decode step
             rows["decode_only"] = np.interp(B, d_grid, d_table)

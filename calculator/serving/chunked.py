@@ -377,14 +377,9 @@ def _slot_resource(rows: PoolRows, w: Workload):
 
 def _two_prompt_table(pm: PoolModel, w: Workload, limit: float) -> tuple[np.ndarray, np.ndarray]:
     """(batch grid, s): a step that carries two whole mean prompts beside B running decodes, over the batch
-    grid up to ``limit``. Cached on the pool model (a plan asks at its rate grid and at its trial counts)."""
+    grid up to ``limit`` (``PoolModel.two_prompt_table``)."""
     cached = w.isl.mean * w.prefix_hit
-    key = ("two prompts", running_context(w), w.isl.mean, cached, limit)
-    if key not in pm._cache:
-        grid = batch_grid(limit)
-        pm._cache[key] = (grid, np.asarray(pm.step_s(grid, running_context(w), w.isl.mean - cached, cached, 2.0),
-                                           dtype=float))
-    return pm._cache[key]
+    return pm.two_prompt_table(running_context(w), w.isl.mean - cached, cached, limit)
 
 
 def _with_own(wait_mean, wait_q, own_mean, own_q, bulk) -> np.ndarray:
