@@ -4,6 +4,8 @@ differ)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -289,7 +291,8 @@ def test_decode_pools_stacked_equal_each_pool_alone():
                                                                             "acceptance": 0.7,
                                                                             "draft_model": "llama-3.1-8b"})])
 def test_tables_built_together_equal_each_built_alone(model, gpu, spec):
-    """A pool's chunked tables bring its two-prompt table (``PoolModel.two_prompt_table``) and its decode table the
+    """A pool's chunked tables bring its two-prompt table (``PoolModel.two_prompt_table``), the prefill steps of the
+    default token budget's prompts (``prefill_batch_table``), and its decode table the
     batch-1 step at the mean prompt (``decode_point``), each from the same step computation: the same figures, to
     the last bit, as each built on its own (a fresh pool model), speculative decoding included."""
     from calculator.serving.base import PoolModel, running_context
@@ -310,6 +313,12 @@ def test_tables_built_together_equal_each_built_alone(model, gpu, spec):
     np.testing.assert_array_equal(tables["decode_only"][0], np.interp(
         np.minimum(tables["grid"], limits[0]), *alone.decode_table(ctx, limit)))
     assert together.decode_point(1.0, w.isl.mean) == float(alone.decode_s(1, w.isl.mean))
+    # and the prefill steps of the default budget's prompts (``prefill_batch_table``), as ``prefill_s`` gives them
+    most = max(1.0, math.floor(8192 / w.isl.mean))
+    assert together.prefill_batch_key(w.isl.mean - cached, cached, most) in together._cache
+    prompts, steps = together.prefill_batch_table(w.isl.mean - cached, cached, most)
+    np.testing.assert_array_equal(steps, alone.prefill_s(w.isl.mean - cached, cached, prompts))
+    np.testing.assert_array_equal(steps, alone.prefill_batch_table(w.isl.mean - cached, cached, most)[1])
     # the tables' rows are what the pool gives alone: the hybrid steps by ``hybrid_s``
     k = np.maximum(np.ceil((w.isl.mean - cached) / np.maximum(chunks[1] - np.minimum(tables["grid"], limits[1]), 1.0)),
                    1.0)

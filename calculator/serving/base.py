@@ -176,6 +176,15 @@ TABLE_MIN_BATCH = 0.5
 """Below one sequence a step costs what one sequence costs, so the grid need not go lower."""
 
 
+DEFAULT_BUDGET_TOKENS = int(Deployment.model_fields["max_batched_tokens"].default)
+"""The engine's token budget per step unless a deployment sets one."""
+
+
+def prefill_batch_grid(most: float) -> np.ndarray:
+    """Prompts a prefill step holds, 1 ... ``most`` on a geometric grid (``PoolModel.prefill_batch_table``)."""
+    return np.unique(np.geomspace(1.0, most, 24)) if most > 1 else np.array([1.0, 1.0 + 1e-9])
+
+
 @functools.lru_cache(maxsize=1024)
 def batch_grid(limit: float) -> np.ndarray:
     """Geometric batch grid from 0.5 to ``limit + 1`` (one past the cap, for marginal costs); shared,
@@ -352,6 +361,20 @@ class PoolModel:
         return self._cache[key]
 
     @staticmethod
+    def prefill_batch_key(tokens: float, cached: float, most: float) -> tuple:
+        return ("prefill_batch", float(tokens), float(cached), float(most))
+
+    def prefill_batch_table(self, tokens: float, cached: float, most: float) -> tuple[np.ndarray, np.ndarray]:
+        """(prompts, s): one prefill step of that many prompts of ``tokens`` new tokens after ``cached`` ones
+        (``prefill_s``), on a geometric grid from 1 to ``most``. Cached; ``chunked_tables`` builds it with its own
+        tables for the default token budget."""
+        key = self.prefill_batch_key(tokens, cached, most)
+        if key not in self._cache:
+            prompts = prefill_batch_grid(most)
+            self._cache[key] = (prompts, np.asarray(self.prefill_s(tokens, cached, prompts), dtype=float))
+        return self._cache[key]
+
+    @staticmethod
     def two_prompt_key(context: float, tokens: float, cached: float, limit: float) -> tuple:
         return ("two prompts", float(context), float(tokens), float(cached), float(limit))
 
@@ -405,19 +428,30 @@ class PoolModel:
                 prefixes += [prompt_cached + np.maximum(k - 2, 0.0) * room / 2, prompt_cached + (k - 1) * room]
             tokens, prefixes = np.stack(tokens), np.stack(prefixes)
             decodes = np.broadcast_to(np.maximum(B[None], 1.0), tokens.shape)  # as ``hybrid_s`` takes them
+            # with, in the same step computation (each entry's time is its own), the step of two whole mean prompts
+            # beside every batch of the grid (``two_prompt_table``) and the prefill steps of the default token
+            # budget's prompts (``prefill_batch_table``), where they are not built yet
             two = self.two_prompt_key(context, prompts_new[0], prompt_cached, grid_limit)
-            if two in self._cache:
-                times = np.asarray(self.hybrid_s(B[None], context, tokens, prefixes), dtype=float)
-            else:
-                # with the step of two whole mean prompts beside every batch of the grid (``two_prompt_table``), in
-                # the same step computation: each entry's time is its own
-                both = np.asarray(self._step(
-                    np.concatenate([decodes.ravel(), grid]), context,
-                    (np.concatenate([tokens.ravel(), np.full(grid.size, prompts_new[0])]),
-                     np.concatenate([prefixes.ravel(), np.full(grid.size, prompt_cached)]),
-                     np.concatenate([np.ones(tokens.size), np.full(grid.size, 2.0)]))), dtype=float)
-                times = both[:tokens.size].reshape(tokens.shape)
-                self._cache[two] = (grid, both[tokens.size:])
+            most = max(1.0, math.floor(DEFAULT_BUDGET_TOKENS / self.isl_mean)) if self.isl_mean > 0 else 0.0
+            batch_key = self.prefill_batch_key(prompts_new[0], prompt_cached, most)
+            parts = [(decodes.ravel(), np.full(tokens.size, float(context)), tokens.ravel(), prefixes.ravel(),
+                      np.ones(tokens.size))]
+            if two not in self._cache:
+                parts.append((grid, np.full(grid.size, float(context)), np.full(grid.size, prompts_new[0]),
+                              np.full(grid.size, prompt_cached), np.full(grid.size, 2.0)))
+            prompts = prefill_batch_grid(most) if most >= 1 and batch_key not in self._cache else np.zeros(0)
+            if prompts.size:  # as ``prefill_s`` takes them: no decodes, one token of context
+                parts.append((np.zeros(prompts.size), np.ones(prompts.size), np.full(prompts.size, prompts_new[0]),
+                              np.full(prompts.size, prompt_cached), prompts))
+            steps = np.asarray(self._step(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                                          tuple(np.concatenate([p[i] for p in parts]) for i in (2, 3, 4))), dtype=float)
+            times = steps[:tokens.size].reshape(tokens.shape)
+            at = tokens.size
+            if two not in self._cache:
+                self._cache[two] = (grid, steps[at:at + grid.size])
+                at += grid.size
+            if prompts.size:
+                self._cache[batch_key] = (prompts, steps[at:] + prompts * self.prompt_hold_s)
             rows["full"] = times[0]
             d_grid, d_table = self.decode_table(context, grid_limit)  # no prompt: a plain decode step
             rows["decode_only"] = np.interp(B, d_grid, d_table)

@@ -94,12 +94,8 @@ def step_table(pre: PoolModel | PoolRows, w: Workload, budget_tokens: int) -> tu
             return parts[0]
         return parts[0][0], parts[0][1], np.stack([t for _, _, t in parts])[pre.owner]
     most = max(1.0, math.floor(budget_tokens / w.isl.mean))
-    key = ("prefill_batch", w.isl.mean, w.prefix_hit, most)
-    if key not in pre._cache:
-        grid = np.unique(np.geomspace(1.0, most, 24)) if most > 1 else np.array([1.0, 1.0 + 1e-9])
-        cached = w.isl.mean * w.prefix_hit
-        pre._cache[key] = (grid, np.asarray(pre.prefill_s(w.isl.mean - cached, cached, grid), dtype=float))
-    return most, *pre._cache[key]
+    cached = w.isl.mean * w.prefix_hit
+    return most, *pre.prefill_batch_table(w.isl.mean - cached, cached, most)
 
 
 def prefill_batch(pre: PoolModel | PoolRows, w: Workload, lam_server, budget_tokens: int
