@@ -323,3 +323,35 @@ def test_tables_built_together_equal_each_built_alone(model, gpu, spec):
     k = np.maximum(np.ceil((w.isl.mean - cached) / np.maximum(chunks[1] - np.minimum(tables["grid"], limits[1]), 1.0)),
                    1.0)
     np.testing.assert_array_equal(tables["iters_0"][1], k)
+
+
+def test_the_fifo_wait_on_some_cells_is_the_whole_calls():
+    """``step_wait(..., cells=mask)`` (a plan's hybrid rows take whole prompts' waits from the bulk form, so the
+    FIFO form runs on the other cells alone) gives each cell of the mask the figures of the call over every cell,
+    to the last bit, with chunked prompts' shifted waits and a slot queue whose waits count only outside the
+    mask (so the mask's own cells would not have asked for them), and NaN off the mask."""
+    from calculator.serving.base import PrefillService, SlotQueue, step_wait
+
+    rows, rates = 5, 12
+    lam = np.geomspace(0.2, 9.0, rates)[None, :] * np.linspace(0.6, 1.2, rows)[:, None]
+    service = PrefillService(np.linspace(0.04, 0.09, rows)[:, None], np.linspace(0.04, 0.09, rows)[:, None] ** 2 * 1.3,
+                             np.linspace(0.05, 0.12, rows)[:, None])
+    t_d = np.full((rows, rates), 0.02)
+    batched = np.array([True, False, True, False, False])[:, None]
+    busy = service.mean_s * np.array([1.0, 1.4, 1.0, 1.2, 1.0])[:, None]
+    shift = (np.full((rows, rates), 0.01), np.full((rows, rates), 0.015))
+    limit = np.array([4.0, 400.0, 6.0, 400.0, 400.0])[:, None]  # slots that bind on rows 0 and 2 only
+    batch = lam * 0.5
+    hold = np.full(lam.shape, 2.0)
+    hold[4, 0] = np.inf  # a hold without a figure: no slot wait of its own, inf where the call counts slot waits
+    with np.errstate(invalid="ignore"):  # 0 x inf: that cell's wait has no figure
+        slots = SlotQueue.of(lam, batch, limit, hold, 0.3, 0.01, 2.5 + 0 * lam)
+    mask = np.broadcast_to(limit > 100, lam.shape)  # the cells whose slots never bind
+    assert not np.any(slots.matters(0.9)[mask]) and np.any(slots.matters(0.9))
+    for sh in (None, shift):
+        whole = step_wait(lam, service, t_d, 0.9, batched, busy, slots=slots, shift=sh)
+        part = step_wait(lam, service, t_d, 0.9, batched, busy, slots=slots, shift=sh, cells=mask)
+        for a, b in zip(whole, part):
+            np.testing.assert_array_equal(b[mask], a[mask])
+            assert np.all(np.isnan(b[~mask]))
+        assert np.isinf(part[1][4, 0])

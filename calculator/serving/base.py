@@ -791,7 +791,8 @@ def queue_wait(rate, service: PrefillService, servers, p, batched=False,
 
 
 def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=None,
-              ca2: float = 1.0, slots: SlotQueue | None = None, bulk=None, shift=None) -> tuple[np.ndarray, np.ndarray]:
+              ca2: float = 1.0, slots: SlotQueue | None = None, bulk=None, shift=None, cells=None
+              ) -> tuple[np.ndarray, np.ndarray]:
     """(mean, p-quantile) of a prompt's wait for its own step on an instance that also decodes; with
     ``slots``, the p-quantile of its whole wait, for its step or for a batch slot (``with_slot_wait``).
 
@@ -812,7 +813,44 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
     prompt that waited spends more in its own steps than one that did not, uniform over the width (chunked: it
     starts in its predecessor's last step, wherever that step's room ends), added to every positive wait:
     P(W > x) = (1 - P_w) max(0, 1 - x / t_d) + P_w E[exp(-((x - D)+ / s)^k)], D the shift.
+    ``cells`` (not with ``bulk``; a mask that broadcasts to the result): computed there alone, NaN elsewhere, each
+    cell's figures those of the whole call (a plan's whole prompts take their waits from the bulk form instead).
     """
+    if cells is not None:
+        return _step_wait_on(cells, rate, service, step_s, p, batched, busy_s, ca2, slots, shift)
+    return _step_wait(rate, service, step_s, p, batched, busy_s, ca2, slots, bulk, shift)
+
+
+def _step_wait_on(cells, rate, service: PrefillService, step_s, p: float, batched, busy_s, ca2: float,
+                  slots: SlotQueue | None, shift) -> tuple[np.ndarray, np.ndarray]:
+    """``step_wait`` at the cells of the mask ``cells`` alone (NaN elsewhere): every input cut to them, and the
+    slot wait counted in the quantile wherever it is in the whole call (``matters``), so each cell's figures are
+    the whole call's."""
+    parts = [rate, step_s, batched, service.mean_s, service.second_moment_s2, service.quantile_s,
+             *(() if busy_s is None else (busy_s,)), *(shift or ()),
+             *(() if slots is None else slots.__dict__.values())]
+    shape = np.broadcast_shapes(np.shape(cells), *(np.shape(a) for a in parts))
+    cells = np.broadcast_to(cells, shape)
+    mean_out, q_out = np.full(shape, np.nan), np.full(shape, np.nan)
+    if not cells.any():
+        return mean_out, q_out
+
+    def on(a, dtype=float) -> np.ndarray:
+        return np.broadcast_to(np.asarray(a, dtype=dtype), shape)[cells]
+
+    matters = slots is not None and bool(np.any(slots.matters(p)))
+    mean_out[cells], q_out[cells] = _step_wait(
+        on(rate), PrefillService(on(service.mean_s), on(service.second_moment_s2), on(service.quantile_s)),
+        on(step_s), p, on(batched, bool), None if busy_s is None else on(busy_s), ca2,
+        None if slots is None else SlotQueue(*(on(x) for x in slots.__dict__.values())), None,
+        None if shift is None else tuple(on(a) for a in shift), matters)
+    return mean_out, q_out
+
+
+def _step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s, ca2: float, slots: SlotQueue | None,
+               bulk, shift, matters: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``step_wait`` over every cell; ``matters``: whether the slot wait counts in the quantiles (where None, as
+    the slots say)."""
     rate = np.asarray(rate, dtype=float)
     args = {"lambda": rate, "E_S": service.mean_s, "c_s2": service.cs2, "c_srv": 1, "c_a2": ca2}
     rho = f.server_utilisation(args)
@@ -851,7 +889,8 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
         wq = wq + pw * mid
         lags = np.maximum(mid + width * SHIFT_POINTS.reshape(-1, *([1] * np.ndim(mid))), 0.0)
     mean = (1 - pw) * t_d / 2 + wq
-    matters = slots is not None and np.any(slots.matters(p))
+    if matters is None:
+        matters = slots is not None and bool(np.any(slots.matters(p)))
     if join_tau is None and not matters and shift is None:
         return np.where(ok, mean, np.inf), np.where(ok, mixture_quantile(pw, theta, t_d, p, cv2), np.inf)
     k, inv_gamma = weibull_shape(cv2)
