@@ -291,10 +291,11 @@ def test_decode_pools_stacked_equal_each_pool_alone():
                                                                             "acceptance": 0.7,
                                                                             "draft_model": "llama-3.1-8b"})])
 def test_tables_built_together_equal_each_built_alone(model, gpu, spec):
-    """A pool's chunked tables bring its two-prompt table (``PoolModel.two_prompt_table``), the prefill steps of the
-    default token budget's prompts (``prefill_batch_table``), and its decode table the
-    batch-1 step at the mean prompt (``decode_point``), each from the same step computation: the same figures, to
-    the last bit, as each built on its own (a fresh pool model), speculative decoding included."""
+    """A pool's chunked tables bring its two-prompt table (``PoolModel.two_prompt_table``) and the prefill steps of
+    the default token budget's prompts (``prefill_batch_table``) from the same step computation: the same figures,
+    to the last bit, as each built on its own (a fresh pool model), speculative decoding included. (Entries of one
+    array computation: numpy's scalar arithmetic can differ from its array loops in the last bit, so the batch-1
+    decode step, ``decode_point``, is computed as scalars, as ``decode_s`` alone computes it.)"""
     from calculator.serving.base import PoolModel, running_context
 
     m = pc.load_model(model)
@@ -355,3 +356,33 @@ def test_the_fifo_wait_on_some_cells_is_the_whole_calls():
             np.testing.assert_array_equal(b[mask], a[mask])
             assert np.all(np.isnan(b[~mask]))
         assert np.isinf(part[1][4, 0])
+
+
+def test_the_in_place_shifted_tail_is_the_written_out_one_to_the_bit():
+    """``shifted_weibull_tail`` (a chunked prompt's wait tail over its 8 shift points, in one reused array) equals
+    the expression written out, to the last bit, call after call, also where the lags were cut by a mask
+    (``with_slot_wait`` bisects only the cells that wait for a slot): numpy lays those out column-major, and a mean
+    over a row-major copy sums in another order (a review saw a TTFT quantile move in its last bit)."""
+    from calculator.serving.base import SHIFT_POINTS, shifted_weibull_tail
+
+    rng = np.random.default_rng(7)
+    cells = 37
+    mid, width = rng.uniform(0, 0.05, cells), rng.uniform(0, 0.08, cells)
+    lags = np.maximum(mid + width * SHIFT_POINTS[:, None], 0.0)
+    scale, k = rng.uniform(0.01, 0.2, cells), rng.uniform(0.6, 2.5, cells)
+    need = rng.uniform(size=cells) < 0.6
+    for lag, s, kk in ((lags, scale, k), (np.broadcast_to(lags, (8, cells))[:, need], scale[need], k[need])):
+        spare: list[np.ndarray] = []
+        for _ in range(4):
+            x = rng.uniform(0, 0.3, lag.shape[1])
+            plain = np.exp(-((np.maximum(x - lag, 0.0) / s) ** kk)).mean(axis=0)
+            np.testing.assert_array_equal(shifted_weibull_tail(x, lag, s, kk, spare), plain)
+    assert not np.broadcast_to(lags, (8, cells))[:, need].flags.c_contiguous  # the masked case is column-major
+
+
+def test_an_empty_chain_is_empty():
+    from calculator.serving.disaggregated import chain_moments
+
+    for shape in ((0,), (0, 3)):
+        got = chain_moments(np.zeros(shape), 0.1, 0.01, 8.0, 1.0, backlog=True)
+        assert len(got) == 6 and all(g.shape == shape for g in got)

@@ -345,16 +345,12 @@ class PoolModel:
         key = ("decode", float(context), float(limit))
         if key not in self._cache:
             grid = batch_grid(limit)
-            # with one sequence's step at the mean prompt (``decode_point``: a plan's decode rate grid asks for it)
-            # in the same step computation, each entry its own
-            steps = np.asarray(self.decode_s(np.append(grid, 1.0), np.append(np.full(grid.size, float(context)),
-                                                                              self.isl_mean)), dtype=float)
-            self._cache[key] = (grid, steps[:-1])
-            self._cache.setdefault(("decode_point", 1.0, self.isl_mean), float(steps[-1]))
+            self._cache[key] = (grid, np.asarray(self.decode_s(grid, context), dtype=float))
         return self._cache[key]
 
     def decode_point(self, batch: float, context: float) -> float:
-        """One decode step of ``batch`` sequences at ``context`` tokens, s (cached)."""
+        """One decode step of ``batch`` sequences at ``context`` tokens, s (cached; computed as scalars, not from a
+        table's array: numpy's scalar arithmetic can differ from its array loops in the last bit)."""
         key = ("decode_point", float(batch), float(context))
         if key not in self._cache:
             self._cache[key] = float(self.decode_s(batch, context))
@@ -428,9 +424,9 @@ class PoolModel:
                 prefixes += [prompt_cached + np.maximum(k - 2, 0.0) * room / 2, prompt_cached + (k - 1) * room]
             tokens, prefixes = np.stack(tokens), np.stack(prefixes)
             decodes = np.broadcast_to(np.maximum(B[None], 1.0), tokens.shape)  # as ``hybrid_s`` takes them
-            # with, in the same step computation (each entry's time is its own), the step of two whole mean prompts
-            # beside every batch of the grid (``two_prompt_table``) and the prefill steps of the default token
-            # budget's prompts (``prefill_batch_table``), where they are not built yet
+            # with, in the same step computation (the same array operations on each entry as a table built alone),
+            # the step of two whole mean prompts beside every batch of the grid (``two_prompt_table``) and the
+            # prefill steps of the default token budget's prompts (``prefill_batch_table``), where not built yet
             two = self.two_prompt_key(context, prompts_new[0], prompt_cached, grid_limit)
             most = max(1.0, math.floor(DEFAULT_BUDGET_TOKENS / self.isl_mean)) if self.isl_mean > 0 else 0.0
             batch_key = self.prefill_batch_key(prompts_new[0], prompt_cached, most)
@@ -733,13 +729,13 @@ class PrefillService:
     @classmethod
     def _compute(cls, pm: PoolModel, workload: Workload, p: float) -> PrefillService:
         vals, w = workload.isl.points()
+        cached = np.round(vals * workload.prefix_hit)
+        t = pm.prefill_s(vals - cached, cached)
+        # the p-quantile prompt on its own, a scalar: numpy's scalar arithmetic (pow, exp) can differ from its
+        # array loops in the last bit, so inside the points' array it would not be the figure it is alone
         q_isl = workload.isl.quantile(p)
-        # the distribution's points and its p-quantile in one step computation (each prompt's time is its own)
-        prompts = np.append(np.asarray(vals, dtype=float), q_isl)
-        cached = np.round(prompts * workload.prefix_hit)
-        times = np.asarray(pm.prefill_s(prompts - cached, cached), dtype=float)
-        t = times[:-1]
-        return cls(float(np.sum(w * t)), float(np.sum(w * t**2)), float(times[-1]))
+        q_cached = round(q_isl * workload.prefix_hit)
+        return cls(float(np.sum(w * t)), float(np.sum(w * t**2)), float(pm.prefill_s(q_isl - q_cached, q_cached)))
 
 
 def z_score(p: float) -> float:
@@ -919,17 +915,7 @@ def _step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s,
             idle = np.maximum(0.0, 1 - x / t_) if join_tau is None else joined_idle_tail(x, t_, jw, js)
             if shift is None:
                 return (1 - pw_) * idle + pw_ * np.exp(-((x / sc_) ** k_))
-            shape = np.broadcast_shapes(np.shape(x), lags_.shape, np.shape(sc_), np.shape(k_))
-            if not spare or spare[0].shape != shape:
-                spare[:] = [np.empty(shape)]
-            w = spare[0]  # exp(-((max(x - lag, 0) / s)^k)) over the lags, in place
-            np.subtract(x, lags_, out=w)
-            np.maximum(w, 0.0, out=w)
-            np.divide(w, sc_, out=w)
-            np.power(w, k_, out=w)
-            np.negative(w, out=w)
-            np.exp(w, out=w)
-            return (1 - pw_) * idle + pw_ * w.mean(axis=0)
+            return (1 - pw_) * idle + pw_ * shifted_weibull_tail(x, lags_, sc_, k_, spare)
 
         return tail
 
@@ -958,6 +944,25 @@ def _step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s,
         alone[cells] = decreasing_root(cell_tail, np.zeros_like(far_c), far_c)
     q = with_slot_wait(p, tail, far, alone, slots) if matters else alone  # type: ignore[arg-type]
     return np.where(ok, mean, np.inf), np.where(ok, q, np.inf)
+
+
+def shifted_weibull_tail(x, lags, scale, k, spare: list[np.ndarray]) -> np.ndarray:
+    """The mean over ``lags`` (first axis) of exp(-((max(x - lag, 0) / scale)^k)), computed in place in one array
+    kept in ``spare`` (a bisection calls it a dozen times on the same shapes): the same operations as writing it
+    out, and, since the array takes numpy's own layout for x - lags (column-major where the lags were cut by a
+    mask), the mean sums in the same order too: the same result to the last bit."""
+    shape = np.broadcast_shapes(np.shape(x), np.shape(lags), np.shape(scale), np.shape(k))
+    if not spare or spare[0].shape != shape:
+        spare[:] = [np.subtract(x, lags)]
+    else:
+        np.subtract(x, lags, out=spare[0])
+    w = spare[0]
+    np.maximum(w, 0.0, out=w)
+    np.divide(w, scale, out=w)
+    np.power(w, k, out=w)
+    np.negative(w, out=w)
+    np.exp(w, out=w)
+    return w.mean(axis=0)
 
 
 SHIFT_POINTS = (np.arange(8) + 0.5) / 8 - 0.5

@@ -305,6 +305,8 @@ def chain_moments(lam, t0, tau, most: float, cv2: float, backlog: bool = False, 
     arrival counts come from the reach of all its cells: sized together, a pool's waits moved by up to 2.5e-6
     relative, which changed a plan whose SLO sat within 1e-9 of a TTFT)."""
     lam = np.asarray(lam, dtype=float)
+    if lam.size == 0:
+        return tuple(np.zeros(lam.shape) for _ in range(6 if backlog else 4))
     flat = lam.reshape(-1)
     t0 = np.broadcast_to(np.asarray(t0, dtype=float), lam.shape).reshape(-1)[:, None]
     tau = np.broadcast_to(np.asarray(tau, dtype=float), lam.shape).reshape(-1)[:, None]
