@@ -356,6 +356,16 @@ def test_the_fifo_wait_on_some_cells_is_the_whole_calls():
             np.testing.assert_array_equal(b[mask], a[mask])
             assert np.all(np.isnan(b[~mask]))
         assert np.isinf(part[1][4, 0])
+    # and the bulk form (whole prompts that share the decodes' steps) on its own cells
+    rng = np.random.default_rng(11)
+    where = rng.uniform(size=lam.shape) < 0.5
+    bulk = (where, rng.uniform(0.1, 0.6, lam.shape), rng.uniform(0.02, 0.1, lam.shape), rng.uniform(0.5, 1.2, lam.shape),
+            rng.uniform(0.005, 0.02, lam.shape), rng.integers(2, 7, lam.shape).astype(float))
+    whole = step_wait(lam, service, t_d, 0.9, batched, busy, slots=slots, bulk=bulk)
+    part = step_wait(lam, service, t_d, 0.9, batched, busy, slots=slots, bulk=bulk, cells=where)
+    for a, b in zip(whole, part):
+        np.testing.assert_array_equal(b[where], a[where])
+        assert np.all(np.isnan(b[~where]))
 
 
 def test_the_in_place_shifted_tail_is_the_written_out_one_to_the_bit():

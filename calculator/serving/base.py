@@ -809,21 +809,21 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
     prompt that waited spends more in its own steps than one that did not, uniform over the width (chunked: it
     starts in its predecessor's last step, wherever that step's room ends), added to every positive wait:
     P(W > x) = (1 - P_w) max(0, 1 - x / t_d) + P_w E[exp(-((x - D)+ / s)^k)], D the shift.
-    ``cells`` (not with ``bulk``; a mask that broadcasts to the result): computed there alone, NaN elsewhere, each
-    cell's figures those of the whole call (a plan's whole prompts take their waits from the bulk form instead).
+    ``cells`` (a mask that broadcasts to the result): computed there alone, NaN elsewhere, each cell's figures those
+    of the whole call (a plan's hybrid rows take each cell's wait from the FIFO or the bulk form, not both).
     """
     if cells is not None:
-        return _step_wait_on(cells, rate, service, step_s, p, batched, busy_s, ca2, slots, shift)
+        return _step_wait_on(cells, rate, service, step_s, p, batched, busy_s, ca2, slots, bulk, shift)
     return _step_wait(rate, service, step_s, p, batched, busy_s, ca2, slots, bulk, shift)
 
 
 def _step_wait_on(cells, rate, service: PrefillService, step_s, p: float, batched, busy_s, ca2: float,
-                  slots: SlotQueue | None, shift) -> tuple[np.ndarray, np.ndarray]:
+                  slots: SlotQueue | None, bulk, shift) -> tuple[np.ndarray, np.ndarray]:
     """``step_wait`` at the cells of the mask ``cells`` alone (NaN elsewhere): every input cut to them, and the
     slot wait counted in the quantile wherever it is in the whole call (``matters``), so each cell's figures are
     the whole call's."""
     parts = [rate, step_s, batched, service.mean_s, service.second_moment_s2, service.quantile_s,
-             *(() if busy_s is None else (busy_s,)), *(shift or ()),
+             *(() if busy_s is None else (busy_s,)), *(shift or ()), *(bulk or ()),
              *(() if slots is None else slots.__dict__.values())]
     shape = np.broadcast_shapes(np.shape(cells), *(np.shape(a) for a in parts))
     cells = np.broadcast_to(cells, shape)
@@ -838,7 +838,8 @@ def _step_wait_on(cells, rate, service: PrefillService, step_s, p: float, batche
     mean_out[cells], q_out[cells] = _step_wait(
         on(rate), PrefillService(on(service.mean_s), on(service.second_moment_s2), on(service.quantile_s)),
         on(step_s), p, on(batched, bool), None if busy_s is None else on(busy_s), ca2,
-        None if slots is None else SlotQueue(*(on(x) for x in slots.__dict__.values())), None,
+        None if slots is None else SlotQueue(*(on(x) for x in slots.__dict__.values())),
+        None if bulk is None else (on(bulk[0], bool), *(on(a) for a in bulk[1:])),
         None if shift is None else tuple(on(a) for a in shift), matters)
     return mean_out, q_out
 

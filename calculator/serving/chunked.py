@@ -416,13 +416,14 @@ def _prompt_wait(lam, service, t_d, p: float, batched, busy, w: Workload, slots,
     whole step, read 9 times the simulated p90 near capacity (800-token prompts at 26 req/s: 1.78 s against
     0.20 s) and the step-in-progress form was up to 24% short. (A blend of the two from three prompts a
     step jumped from 0.11 s to 3.6 s between two rates 0.001 req/s apart.)"""
-    # the FIFO form where it is taken: every cell, or those that are not bulk service
+    # each form where it is taken: the FIFO one on every cell, or on those that are not bulk service
     fifo_q = None if bulk is not None and np.all(bulk[0]) else step_wait(
         lam, service, t_d, p, batched, busy, ca2=w.arrival_cv**2, slots=slots, shift=shift,
         cells=None if bulk is None else ~np.asarray(bulk[0], dtype=bool))
     if bulk is None:
         return fifo_q  # type: ignore[return-value]
-    bulk_q = step_wait(lam, service, t_d, p, batched, busy, ca2=w.arrival_cv**2, slots=slots, bulk=bulk)
+    bulk_q = step_wait(lam, service, t_d, p, batched, busy, ca2=w.arrival_cv**2, slots=slots, bulk=bulk,
+                       cells=None if fifo_q is None else np.asarray(bulk[0], dtype=bool))
     if fifo_q is None:
         return bulk_q
     return tuple(np.where(bulk[0], b, a) for a, b in zip(fifo_q, bulk_q))  # type: ignore[return-value]
