@@ -50,7 +50,11 @@ RECORD_GAPS = {
     # 0.101 at 0.40 s, 0.091 at 0.46 s), where the closed form's slot wait is a few percent too likely (P(wait > 0.2 s) 0.117
     # against 0.112 simulated; 0.064 / 0.065 at 0.5 s): +12%
     ("disaggregated", "long prompt", 0.8, "ttft90"),
-    # the chunked mean TPOT beside 6,000-token prompts is short (13.1 against 14.6 ms at the median): -11%
+    # the chunked TPOT beside 6,000-token prompts is short at the median (13.1 against 14.6 ms): -11%. Its mean is
+    # -5% (14.05 against 14.83 ms, seeds 0-2; -5% at 0.3 too): at light load a prompt's last, part-filled chunk is
+    # not shared with the next prompt and costs nearly a whole step (3 steps a prompt, ~127 ms, where the
+    # closed form's work counts 2.93 full ones, 118 ms); and its lognormal is too wide and too skewed (sd 5.35
+    # against 4.27 ms; the simulated median is 0.98 of the mean, the lognormal's 0.93)
     ("chunked", "long prompt", 0.6, "tpot50"),
     # where half the requests wait for a slot the median sits at the edge of that mass: the share waiting more
     # than 0.2 s is 0.467 (mixed) and 0.543 (chunked) in the closed form against 0.410 and 0.509 simulated
