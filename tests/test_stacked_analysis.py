@@ -275,7 +275,8 @@ def test_decode_pools_stacked_equal_each_pool_alone():
     lam[0, 0] = 0.0  # no arrivals: inf, as alone
     fixed = decode_fixed_batches(rows, ctx, lam, w.osl.mean, w)
     load = np.linspace(0.0, 0.99, lam.size).reshape(lam.shape)
-    mean, var = product_form_step_moments(rows, ctx, lam, w.osl.mean, w, fixed, load)
+    limits = np.array([pms[o].batch_limit(w) for o in owner])[:, None]
+    mean, var = product_form_step_moments(rows, ctx, lam, w.osl.mean, limits, fixed, load)
     for o, pm in enumerate(pms):  # each pool alone: its rows in one call, as ``PoolRows.map`` made them
         mine = owner == o
         alone = decode_fixed_point(pm, ctx, lam[mine], w.osl.mean, 1.0, pm.batch_limit(w))[0]

@@ -1239,9 +1239,9 @@ def product_form_step_moments(pm: PoolModel | PoolRows, context: float, lam, osl
     11.67-16.19 ms against the simulation's 11.63-16.11 ms, where t(B + 1) at Little's B said 12.07-17.20.
     Summed over a window of states about the mean batch ``batch`` (``PRODUCT_FORM_SPREADS`` negative-binomial
     deviations; at the limit where ``batch`` is not finite).
-    For several pool models (``pm`` a ``PoolRows``; ``lam``, ``batch``, ``rho_d`` rows x n; ``limit`` a workload,
-    whose batch limit each pool takes as its own) every row on its own pool's curve in one call: the same
-    figures as each pool alone, to the last bit."""
+    For several pool models (``pm`` a ``PoolRows``; ``lam``, ``batch``, ``rho_d`` rows x n; ``limit`` each row's, a
+    (rows, 1) column) every row on its own pool's curve in one call: the same figures as each pool alone, to the
+    last bit."""
     lam = np.asarray(lam, dtype=float)
     shape = np.broadcast_shapes(lam.shape, np.shape(batch), np.shape(rho_d))
     lam, b, rho = (np.broadcast_to(np.asarray(a, dtype=float), shape).reshape(-1) for a in (lam, batch, rho_d))
@@ -1253,7 +1253,8 @@ def product_form_step_moments(pm: PoolModel | PoolRows, context: float, lam, osl
     # each pool's entries together, in the order a call per pool takes them (its rows in order, then the rates)
     owner = np.broadcast_to(pm.owner.reshape(-1, *([1] * (len(shape) - 1))), shape).reshape(-1)
     order = np.argsort(owner, kind="stable")
-    limits = [m.batch_limit(limit) for m in pm.pools]
+    per_row = np.broadcast_to(np.asarray(limit, dtype=float).reshape(-1), pm.owner.shape)
+    limits = [float(per_row[ix[0]]) if ix.size else 1.0 for _, ix in pm.groups]  # a pool's limit is its rows'
     mean, var = _product_form(lam[order], b[order], rho[order], owner[order],
                               [m.decode_table(context, lim) for m, lim in zip(pm.pools, limits)],
                               np.array([float(max(math.floor(lim), 1)) for lim in limits]), osl_mean)
@@ -1280,7 +1281,6 @@ def _product_form(lam, b, rho, pool, curves, tops, osl_mean: float) -> tuple[np.
     row = np.repeat(np.arange(widths.size), widths)
     n = lo[row] + (np.arange(row.size) - starts[row])
     steps, seen_steps, log_pi = np.empty(n.size), np.empty(n.size), np.empty(n.size)
-    ratio = np.empty(n.size)
     t_top = np.empty(lam.size)
     state_pool = pool[row]
     for i, (grid, table) in enumerate(curves):

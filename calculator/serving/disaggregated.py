@@ -406,8 +406,9 @@ def _closed_tops(flat, t0, tau, pair, limits, full: int, cv2: float) -> np.ndarr
 
 
 def _chain_counts(flat, t0, tau, pair, tops, full: int, cv2: float) -> np.ndarray:
-    """The arrival counts ``_chain`` weighs one by one (``_chain_steps``) for each chain of ``_closed_tops``, from
-    its own cells."""
+    """The arrival counts ``_chain`` weighs one by one for each chain of ``_closed_tops``, from its own cells: as
+    many as its narrow cells reach (a power of two, for the cache), at most ``ARRIVAL_COUNTS`` and its top (the
+    wide cells' arrivals are a normal)."""
     counts = np.minimum(tops, ARRIVAL_COUNTS)
     for top in np.unique(tops).tolist():
         chains = tops == top
@@ -445,22 +446,10 @@ def _chain_reach(flat, t0, tau, full: int, cv2: float, top: int) -> tuple:
     return states, batch, m1, mu, mix, sd, reach, wide
 
 
-def _chain_steps(flat, t0, tau, full: int, cv2: float, top: int) -> tuple:
-    """(states, their batches, step means, mean arrivals, their variance from the lengths, their sd, cells too
-    wide to weigh count by count, the arrival counts weighed) of ``_chain``'s cells."""
-    states, batch, m1, mu, mix, sd, reach, wide = _chain_reach(flat, t0, tau, full, cv2, top)
-    counts = min(top, ARRIVAL_COUNTS)
-    if not wide.all():  # weigh only as many counts as the narrow cells reach (a power of two, for the cache)
-        counts = min(counts, 2 ** math.ceil(math.log2(max(float(reach[~wide].max()), 2.0))))
-    return states, batch, m1, mu, mix, sd, wide, counts
-
-
-def _chain(flat, t0, tau, full: int, cv2: float, top: int, backlog: bool, counts: int | None = None
-           ) -> tuple[np.ndarray, ...]:
-    """``chain_moments`` for 1-d rates ``flat`` (t0, tau: columns) with queue states 1 ... ``top`` (``_closed_top``:
-    no fewer than the queue can reach), weighing ``counts`` arrivals one by one (``_chain_steps``' where None)."""
-    states, batch, m1, mu, mix, sd, wide, own_counts = _chain_steps(flat, t0, tau, full, cv2, top)
-    counts = own_counts if counts is None else counts
+def _chain(flat, t0, tau, full: int, cv2: float, top: int, backlog: bool, counts: int) -> tuple[np.ndarray, ...]:
+    """``chain_moments`` for 1-d rates ``flat`` (t0, tau: columns) with queue states 1 ... ``top`` (``_closed_tops``:
+    no fewer than the queue can reach), weighing ``counts`` arrivals one by one (``_chain_counts``)."""
+    states, batch, m1, mu, mix, sd, _, wide = _chain_reach(flat, t0, tau, full, cv2, top)
     k = states.size
     pmf = np.zeros((*mu.shape, counts + 1))
     pmf[~wide] = _arrival_pmf(mu[~wide], mix[~wide], cv2, counts)
@@ -694,11 +683,8 @@ def _decode_side(dec: PoolModel | PoolRows, w: Workload, lam_d: np.ndarray, p: f
     # batch on the step curve, with the queue for a slot beyond the limit (``product_form_step_moments``): its
     # mean is the TPOT (below t(B + 1) where the curve is concave: an MoE at a small batch) and by Little's law
     # B = lambda osl TPOT sequences decode
-    load = decode_load(lam_d, w, slope0)
-    if len(pools.pools) == 1:
-        tpot, step_var = product_form_step_moments(pools.pools[0], ctx, lam_d, w.osl.mean, limit, fixed, load)
-    else:
-        tpot, step_var = product_form_step_moments(pools, ctx, lam_d, w.osl.mean, w, fixed, load)
+    tpot, step_var = product_form_step_moments(pools.pools[0] if len(pools.pools) == 1 else pools, ctx, lam_d,
+                                               w.osl.mean, limit, fixed, decode_load(lam_d, w, slope0))
     batch = lam_d * w.osl.mean * tpot
     b_cap = np.minimum(batch, limit)
     # a full decode batch of L = floor(limit) sequences steps at t_d(L) (no prompts stall it): the
