@@ -121,7 +121,7 @@ def analyse_budgets(pm: PoolModel | PoolRows, w: Workload, total_rate: np.ndarra
         t_d_g, s_g, k_g, full_g, seen_g = (t[row_ix, cols] for t in (
             tab["decode_only"], tab["prefill_0"], tab["iters_0"], tab["full"], seen_table))
         room_g = np.maximum(pieces[:, None, None] - b, 1.0)
-        work_g, t_b_g = _busy_steps(whole[:, None, None], isl_new, room_g, s_g, full_g)
+        work_g, t_b_g = _busy_steps(whole[:, None, None], isl_new, room_g, s_g, full_g, k_g, lam3)
         x_g = s_g - k_g * t_d_g
         tpot_g = busy_tpot(lam3, b, seen_g, lam3 * x_g, work_g, t_b_g, cv2, ca2)
         one_step_g = whole[:, None, None] | (2 * isl_new <= room_g)  # a prompt runs in one step
@@ -148,7 +148,7 @@ def analyse_budgets(pm: PoolModel | PoolRows, w: Workload, total_rate: np.ndarra
     rho_x = lam * x_mean
     room = np.maximum(pieces[:, None] - b_cap, 1.0)
     wh = whole[:, None]
-    work_s, t_b = _busy_steps(wh, isl_new, room, s_mean, t_full)
+    work_s, t_b = _busy_steps(wh, isl_new, room, s_mean, t_full, k_mean, lam)
     slope = interp_rows(grid, tab["decode_only"], b_cap + 1) - t_d
     tpot = busy_tpot(lam, b_cap, t_d + slope, rho_x, work_s, t_b, cv2, ca2)
     gap_tpot = tpot  # the mean gap between steps; a request's TPOT adds its start behind its own step
@@ -204,12 +204,18 @@ def _prefill_ratio(pm: PoolModel, w: Workload, q: float) -> float:
     return PrefillService.of(pm, w, q).quantile_s / PrefillService.of(pm, w, q).mean_s
 
 
-def _busy_steps(whole, isl_new: float, room, s, t_full) -> tuple[np.ndarray, np.ndarray]:
+def _busy_steps(whole, isl_new: float, room, s, t_full, steps, lam) -> tuple[np.ndarray, np.ndarray]:
     """(time one prompt keeps the prompt queue busy, duration of a busy step), s. Whole prompts (or
     chunked prompts short enough that two share a step) take their own step S; longer chunked prompts
-    fill full steps of C - B tokens, n / (C - B) of them."""
+    take their k = ``steps`` steps S, of which the part-filled last is shared with the next prompt where
+    one waits: n / (C - B) full steps of ``t_full`` when prompts queue back to back
+    (``chunked_prompt_busy``, ``chunked_prompt_steps``)."""
     fits = whole | (2 * isl_new <= room)
-    return np.where(fits, s, isl_new / room * t_full), np.where(fits, s, t_full)
+    if np.all(fits):  # (a chat plan's grids: no prompt spans chunks)
+        return s, s
+    args = {"S_k": s, "lambda": lam, "n_c": isl_new / room, "t_C": t_full, "k_it": steps}
+    work = f.chunked_prompt_busy(args)
+    return np.where(fits, s, work), np.where(fits, s, work / np.maximum(f.chunked_prompt_steps(args), 1e-12))
 
 
 def busy_tpot(lam, batch, t_d, rho_x, work_s, t_b, cv2: float, ca2: float = 1.0) -> np.ndarray:
