@@ -153,6 +153,7 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "k_it": ("k", "steps a chunked prompt takes on its own: ceil(n / (C - B))", "steps"),
     "n_c": ("n_{c}", "a chunked prompt's new tokens over a step's room for prompt tokens, n / (C - B)", "steps"),
     "t_C": ("t_{C}", "a step that carries a full chunk", "s"),
+    "P_sh": ("P_{sh}", "probability that another prompt waits to fill a chunked prompt's part-filled last step", "1"),
     "Delta_B": ("\\Delta B", "rise of the decode batch while prompts are queued", "sequences"),
     "t_own": ("t_{own}", "duration of the step that carries a request's own (whole) prompt", "s"),
     "b_n": ("\\bar{b}_{n}", "mean over requests of (1 + rho + ... + rho^(n-1)) / n, n its gaps (0 for none)", "1"),
@@ -1294,24 +1295,40 @@ tpot_batch_variance = Formula(
 )
 
 
-def _chunked_prompt_busy(S_k: Any, lambda_: Any, n_c: Any, t_C: Any) -> Any:
-    return S_k - (S_k - n_c*t_C)*functools.reduce(numpy.minimum, [1, S_k*lambda_])
+def _chunked_last_step_shared(S_k: Any, lambda_: Any, n_c: Any, t_C: Any) -> Any:
+    return functools.reduce(numpy.minimum, [1, S_k*lambda_/(lambda_*(S_k - n_c*t_C) + 1)])
+
+
+chunked_last_step_shared = Formula(
+    name="chunked_last_step_shared",
+    section="queueing and serving",
+    unit="1",
+    doc="Probability that a prompt of several chunks leaves another waiting as its last, part-filled chunk runs, which then fills the rest of that step: the prompt queue's load lambda S_w (an M/G/1 departure leaves someone behind with probability rho), with S_w = S_k - P (S_k - n t_C / (C - B)) the busy time that itself depends on it (``chunked_prompt_busy``), solved for P; 1 where the full chunks alone saturate the queue (lambda n t_C / (C - B) = 1).",
+    args=("S_k", "lambda", "n_c", "t_C"),
+    latex="\\min\\left(1, \\frac{S_{k} \\lambda}{\\lambda \\left(S_{k} - n_{c} t_{C}\\right) + 1}\\right)",
+    fn=_chunked_last_step_shared,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _chunked_prompt_busy(P_sh: Any, S_k: Any, n_c: Any, t_C: Any) -> Any:
+    return -P_sh*(S_k - n_c*t_C) + S_k
 
 
 chunked_prompt_busy = Formula(
     name="chunked_prompt_busy",
     section="queueing and serving",
     unit="s",
-    doc="Time a prompt of several chunks keeps the prompt queue busy. Its last chunk fills part of a step; the next prompt's first chunk fills the rest where one is waiting (probability lambda S_k, the prompt queue's load), and otherwise that step runs part-filled, nearly as long as a full one, for this prompt alone: n / (C - B) full steps when prompts queue back to back, its own k steps S_k at light load (Qwen3-30B-A3B, 6,000 new tokens at 2,048 a step: 2.93 full steps, 118 ms, against 3 steps, 127 ms, of which the simulated decodes' TPOT is 5% longer than the full steps' count makes it).",
-    args=("S_k", "lambda", "n_c", "t_C"),
-    latex="S_{k} - \\left(S_{k} - n_{c} t_{C}\\right) \\min\\left(1, S_{k} \\lambda\\right)",
+    doc="Time a prompt of several chunks keeps the prompt queue busy. Its last chunk fills part of a step; the next prompt's first chunk fills the rest where one is waiting (``chunked_last_step_shared``), and otherwise that step runs part-filled, nearly as long as a full one, for this prompt alone: n / (C - B) full steps when prompts queue back to back, its own k steps S_k at light load (Qwen3-30B-A3B, 6,000 new tokens at 2,048 a step: 2.93 full steps, 118 ms, against 3 steps, 127 ms, of which the simulated decodes' TPOT is 5% longer than the full steps' count makes it).",
+    args=("P_sh", "S_k", "n_c", "t_C"),
+    latex="- P_{sh} \\left(S_{k} - n_{c} t_{C}\\right) + S_{k}",
     fn=_chunked_prompt_busy,
     symbol_table=SYMBOL_TABLE,
 )
 
 
-def _chunked_prompt_steps(S_k: Any, k_it: Any, lambda_: Any, n_c: Any) -> Any:
-    return k_it - (k_it - n_c)*functools.reduce(numpy.minimum, [1, S_k*lambda_])
+def _chunked_prompt_steps(P_sh: Any, k_it: Any, n_c: Any) -> Any:
+    return -P_sh*(k_it - n_c) + k_it
 
 
 chunked_prompt_steps = Formula(
@@ -1319,8 +1336,8 @@ chunked_prompt_steps = Formula(
     section="queueing and serving",
     unit="steps",
     doc="Steps a prompt of several chunks keeps the prompt queue busy (``chunked_prompt_busy``): k at light load, n / (C - B) when prompts queue back to back.",
-    args=("S_k", "k_it", "lambda", "n_c"),
-    latex="k - \\left(k - n_{c}\\right) \\min\\left(1, S_{k} \\lambda\\right)",
+    args=("P_sh", "k_it", "n_c"),
+    latex="- P_{sh} \\left(k - n_{c}\\right) + k",
     fn=_chunked_prompt_steps,
     symbol_table=SYMBOL_TABLE,
 )
@@ -1560,6 +1577,7 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     tpot_stall_variance,
     batch_step_variance,
     tpot_batch_variance,
+    chunked_last_step_shared,
     chunked_prompt_busy,
     chunked_prompt_steps,
     busy_batch_rise,

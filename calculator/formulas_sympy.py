@@ -707,20 +707,32 @@ S_k = _sym("S_k", "a chunked prompt's steps, each run for it alone (k - 1 full c
 k_it = _sym("k_it", "steps a chunked prompt takes on its own: ceil(n / (C - B))", "steps", "k")
 n_c = _sym("n_c", "a chunked prompt's new tokens over a step's room for prompt tokens, n / (C - B)", "steps", "n_{c}")
 t_C = _sym("t_C", "a step that carries a full chunk", "s", "t_{C}")
+P_sh = _sym("P_sh", "probability that another prompt waits to fill a chunked prompt's part-filled last step", "1",
+            r"P_{sh}")
+chunked_last_step_shared = _formula(
+    "chunked_last_step_shared",
+    sp.Min(1, lam * S_k / (1 + lam * (S_k - n_c * t_C))),
+    "1",
+    "Probability that a prompt of several chunks leaves another waiting as its last, part-filled chunk runs, "
+    "which then fills the rest of that step: the prompt queue's load lambda S_w (an M/G/1 departure leaves "
+    "someone behind with probability rho), with S_w = S_k - P (S_k - n t_C / (C - B)) the busy time that "
+    "itself depends on it (``chunked_prompt_busy``), solved for P; 1 where the full chunks alone saturate "
+    "the queue (lambda n t_C / (C - B) = 1).",
+)
 chunked_prompt_busy = _formula(
     "chunked_prompt_busy",
-    S_k - sp.Min(1, lam * S_k) * (S_k - n_c * t_C),
+    S_k - P_sh * (S_k - n_c * t_C),
     "s",
     "Time a prompt of several chunks keeps the prompt queue busy. Its last chunk fills part of a step; the next "
-    "prompt's first chunk fills the rest where one is waiting (probability lambda S_k, the prompt queue's load), "
-    "and otherwise that step runs part-filled, nearly as long as a full one, for this prompt alone: n / (C - B) "
-    "full steps when prompts queue back to back, its own k steps S_k at light load (Qwen3-30B-A3B, 6,000 new "
-    "tokens at 2,048 a step: 2.93 full steps, 118 ms, against 3 steps, 127 ms, of which the simulated decodes' "
-    "TPOT is 5% longer than the full steps' count makes it).",
+    "prompt's first chunk fills the rest where one is waiting (``chunked_last_step_shared``), and otherwise "
+    "that step runs part-filled, nearly as long as a full one, for this prompt alone: n / (C - B) full steps "
+    "when prompts queue back to back, its own k steps S_k at light load (Qwen3-30B-A3B, 6,000 new tokens at "
+    "2,048 a step: 2.93 full steps, 118 ms, against 3 steps, 127 ms, of which the simulated decodes' TPOT is "
+    "5% longer than the full steps' count makes it).",
 )
 chunked_prompt_steps = _formula(
     "chunked_prompt_steps",
-    k_it - sp.Min(1, lam * S_k) * (k_it - n_c),
+    k_it - P_sh * (k_it - n_c),
     "steps",
     "Steps a prompt of several chunks keeps the prompt queue busy (``chunked_prompt_busy``): k at light load, "
     "n / (C - B) when prompts queue back to back.",

@@ -534,8 +534,8 @@ def plan(
     m = model_spec(model)
     workload = as_model("workload", workload, Workload)
     slo = as_model("slo", slo, SLO)
-    specs = _gpu_specs(gpus)
-    specs = [engine_gpu(g, engine, calibration) for g in specs]
+    given = _gpu_specs(gpus)
+    specs = [engine_gpu(g, engine, calibration) for g in given]
     engine_used = "calibration" if calibration is not None else engine
     gpu_ids = [g.id for g in specs]
     modes = list(MODES) if modes is None else [choice(f"modes.{i}", x, MODES)
@@ -582,8 +582,12 @@ def plan(
         for factor in NEAREST_SLO_FACTORS if start is not None and _verify_nearest else ():
             budget.check()
             trial = _slo_or_none(start.ttft_s * factor, start.tpot_s * factor, slo)
-            if trial is not None and plan(m, workload, trial, specs, modes, objective, tps, chunk_sizes, weight_dtype,
-                                          kv_dtype, kv_link, whole_nodes, scheduler, _verify_nearest=False).feasible:
+            # the same search at the looser SLO: the same GPUs (the whole database again where none were given: it
+            # may hold more types than a list may name), deployments and efficiencies
+            if trial is not None and plan(m, workload, trial, None if gpus is None else given, modes, objective, tps,
+                                          chunk_sizes, weight_dtype, kv_dtype, kv_link, whole_nodes, scheduler, dps=dps,
+                                          cps=cps, spec=spec, calibration=calibration, engine=engine,
+                                          _verify_nearest=False).feasible:
                 nearest = trial
                 break
         return Plan(model=m.id, workload=workload, slo=slo, objective=objective, modes=tuple(modes), feasible=False,

@@ -263,3 +263,16 @@ def test_a_budget_that_is_not_spent_changes_no_result():
         evaluated = pc.evaluate("llama-3.1-70b", free.best.deployment, w, slo)
     assert bounded == free and len(bounded.pareto) >= 5
     assert evaluated == pc.evaluate("llama-3.1-70b", free.best.deployment, w, slo)
+
+
+def test_an_infeasible_plan_over_the_whole_database_names_a_nearest_slo():
+    """Found when CI's API fuzzing timed out on one (2026-12-06): an infeasible plan with no GPU list checked the
+    nearest feasible SLO by planning again with the whole database's 17 GPU types as a list, over the 16 a list
+    may name, so it raised ``InputError`` "gpus: at most 16 items" (REST: a 422 naming a field the request did
+    not set, after the whole search). The second search now takes the same GPUs, dp / cp degrees, speculation
+    and efficiencies as the first."""
+    import calculator as pc
+
+    p = pc.plan("llama-3.1-8b", pc.Workload(rate=1, isl=100, osl=10), pc.SLO(ttft_s=0.004, tpot_s=0.002))
+    assert not p.feasible and "decode floor" in p.reason
+    assert p.nearest_feasible_slo is not None and p.nearest_feasible_slo.tpot_s > 0.002

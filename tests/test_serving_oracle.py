@@ -46,7 +46,7 @@ RECORD = ROOT / "docs" / "validation" / "serving-oracle.json"
 
 RECORD_GAPS = {
     # where half the requests wait for a slot the median sits at the edge of that mass (13 slots at 0.9 of
-    # capacity): chunked, +20.0% (mixed +12%). The slot wait alone follows the simulation's whole wait from 0.1 s
+    # capacity): chunked, +20.4% (mixed +12%). The slot wait alone follows the simulation's whole wait from 0.1 s
     # on (closed form / simulated P(wait > x), three seeds of 50,000 requests: 0.51 / 0.52 at 0.1 s, 0.48 / 0.47 at
     # 0.2 s, 0.40 / 0.39 at 0.5 s, 0.29 / 0.28 at 1 s); the closed form adds the prompt queue's own wait for the
     # requests that find a slot free (P(W > 0.21 s) 0.053) as if it were the queue at large, where the requests that

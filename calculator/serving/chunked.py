@@ -159,7 +159,9 @@ def analyse_budgets(pm: PoolModel | PoolRows, w: Workload, total_rate: np.ndarra
     # tokens a step (two prompts that fit a step batch like whole ones), and a prompt that queued
     # starts in its predecessor's last step (half a step on average)
     pieces = np.where(wh, 1.0, isl_new / room)
-    piece_s = np.where(wh, s_mean, t_b)
+    # a step that carries a piece is a full chunk's (the part-filled last chunks count in the busy time, not here:
+    # the full chunks' gaps alone exceed 1 - p where a p-quantile ITL is a chunk's step)
+    piece_s = np.where(fits, s_mean, t_full)
     batched = np.where(wh, (chunks >= 2 * w.isl.mean)[:, None], fits)
     s_queued = np.where(fits, s_mean, (pieces + 0.5) * t_full)
     s_queued_q = np.where(fits, s_q, (isl_q_new / room + 0.5) * t_full)
@@ -209,11 +211,12 @@ def _busy_steps(whole, isl_new: float, room, s, t_full, steps, lam) -> tuple[np.
     chunked prompts short enough that two share a step) take their own step S; longer chunked prompts
     take their k = ``steps`` steps S, of which the part-filled last is shared with the next prompt where
     one waits: n / (C - B) full steps of ``t_full`` when prompts queue back to back
-    (``chunked_prompt_busy``, ``chunked_prompt_steps``)."""
+    (``chunked_last_step_shared``, ``chunked_prompt_busy``, ``chunked_prompt_steps``)."""
     fits = whole | (2 * isl_new <= room)
     if np.all(fits):  # (a chat plan's grids: no prompt spans chunks)
         return s, s
     args = {"S_k": s, "lambda": lam, "n_c": isl_new / room, "t_C": t_full, "k_it": steps}
+    args["P_sh"] = f.chunked_last_step_shared(args)
     work = f.chunked_prompt_busy(args)
     return np.where(fits, s, work), np.where(fits, s, work / np.maximum(f.chunked_prompt_steps(args), 1e-12))
 
