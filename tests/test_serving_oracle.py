@@ -44,15 +44,8 @@ from serving_oracle import (  # noqa: E402
 
 RECORD = ROOT / "docs" / "validation" / "serving-oracle.json"
 
-RECORD_GAPS = {
-    # where half the requests wait for a slot the median sits at the edge of that mass (13 slots at 0.9 of
-    # capacity): chunked, +20.4% (mixed +12%). The slot wait alone follows the simulation's whole wait from 0.1 s
-    # on (closed form / simulated P(wait > x), three seeds of 50,000 requests: 0.51 / 0.52 at 0.1 s, 0.48 / 0.47 at
-    # 0.2 s, 0.40 / 0.39 at 0.5 s, 0.29 / 0.28 at 1 s); the closed form adds the prompt queue's own wait for the
-    # requests that find a slot free (P(W > 0.21 s) 0.053) as if it were the queue at large, where the requests that
-    # would wait long in it are mostly among those that wait for a slot as well
-    ("chunked", "long prompt", 0.9, "ttft50"),
-}
+# none: the last, the chunked long-prompt p50 TTFT at 0.9 (+20.4%), was mended by ``slot_free_prompt_rate`` (+15%)
+RECORD_GAPS: set[tuple[str, str, float, str]] = set()
 """Figures of the record outside the bounds, and why."""
 
 LIVE_GAPS = {
@@ -147,13 +140,16 @@ def test_most_of_the_record_is_within_ten_percent(record):
     assert np.mean(errors <= 0.1) >= 0.8
 
 
-def test_each_p90_ttft_gap_is_a_percentile_or_so_in_rank(record):
-    """Where a p90 falls on the flat edge of the requests that wait for a slot, a few percent of the requests
-    move it by 10-20%: each p90 TTFT gap of the record is between the simulated p85 and p95 (a short-prompt case
-    whose p90 is 2% off is p94 in the record: its tail is steep, so rank is no measure there)."""
-    ranks = {_key(_case(r), "ttft90"): r["ttft90_rank"] for r in record["rows"]}
-    gaps = [k for k in RECORD_GAPS if k[3] == "ttft90"]
-    assert all(0.85 <= ranks[k] <= 0.95 for k in gaps), {k: ranks[k] for k in gaps}
+def test_each_kv_bound_p90_ttft_is_the_simulated_p90_within_two_percentiles(record):
+    """Where KV memory binds (long prompts at 0.8 and 0.9 of capacity) the p90 TTFT falls on the flat edge of the
+    requests that wait for a slot, where a few percent of the requests move it by 10-20%: a bound on its value
+    is loose there, so each one's rank is held too, between the simulated p88 and p92 (0.899-0.916 in the
+    record). The known gaps' p90s are among them."""
+    ranks = {_key(_case(r), "ttft90"): r["ttft90_rank"] for r in record["rows"]
+             if r["workload"] == "long prompt" and r["utilisation"] >= 0.8}
+    assert len(ranks) == 6
+    assert all(0.88 <= v <= 0.92 for v in ranks.values()), ranks
+    assert all(k in ranks for k in RECORD_GAPS if k[3] == "ttft90")
 
 
 @pytest.fixture(scope="module")

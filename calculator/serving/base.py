@@ -791,7 +791,9 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
               ca2: float = 1.0, slots: SlotQueue | None = None, bulk=None, shift=None, cells=None
               ) -> tuple[np.ndarray, np.ndarray]:
     """(mean, p-quantile) of a prompt's wait for its own step on an instance that also decodes; with
-    ``slots``, the p-quantile of its whole wait, for its step or for a batch slot (``with_slot_wait``).
+    ``slots``, the p-quantile of its whole wait, for its step or for a batch slot (``with_slot_wait``), and the
+    mean of the wait for its step of a prompt that finds a slot free: the prompt queue then runs at the rate of
+    the prompts that start while a slot is free (``SlotQueue.free_prompt_rate``; stable as the whole rate is).
 
     An arrival finds a prompt step running with probability P_w (it then waits as in M/G/1), else a
     decode step of ``step_s``, whose rest it waits out (uniform). The M/G/1 wait, given that it is
@@ -850,9 +852,13 @@ def _step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s,
     """``step_wait`` over every cell; ``matters``: whether the slot wait counts in the quantiles (where None, as
     the slots say)."""
     rate = np.asarray(rate, dtype=float)
+    ok = f.server_utilisation({"lambda": rate, "E_S": service.mean_s, "c_srv": 1}) < 1
+    if slots is not None:
+        # a prompt waits for its step only where it finds a slot free (``with_slot_wait``); while the slots are
+        # all taken prompts start only as sequences leave, so the free time sees fewer starts than lambda
+        rate = slots.free_prompt_rate(rate)
     args = {"lambda": rate, "E_S": service.mean_s, "c_s2": service.cs2, "c_srv": 1, "c_a2": ca2}
     rho = f.server_utilisation(args)
-    ok = rho < 1
     wq = np.where(ok, f.mean_queue_wait(args), np.inf) * np.where(batched, 1 + rho, 1.0)
     pw = np.clip(np.asarray(f.wait_probability(args), dtype=float), 1e-12, 1.0)
     if ca2 > 0 and abs(ca2 - 1.0) > 1e-12:  # bursty (or smooth) arrivals: GI/M/1's P_w, Kingman's mean
@@ -1014,7 +1020,9 @@ def with_slot_wait(p: float, tail, far_s, alone_s, slots: SlotQueue, before_mean
     On one instance (``before_mean_s`` None) the two overlap: prompts wait in one FIFO queue, and
     while its head waits for a slot every prompt behind it waits for the same departures, so a prompt
     that waits for a slot waits for that alone:
-      P(wait > x) = (1 - P_a) P(W > x) + P_a exp(-(x / s)^k).
+      P(wait > x) = (1 - P_a) P(W > x) + P_a exp(-(x / s)^k),
+    W there the wait of a prompt that finds a slot free, in a queue that sees only the prompts that start
+    while a slot is free (``step_wait`` with ``slots``: ``SlotQueue.free_prompt_rate``).
     On a decode instance the slot wait follows the prefill (W, mean ``before_mean_s``), and adds to it:
       P(W + A > x) = (1 - P_a) P(W > x) + P_a exp(-(max(x - E[W], 0) / s)^k).
     Adding the two p-quantiles instead drops the slot wait wherever fewer than 1 - p of the requests
@@ -1526,6 +1534,18 @@ class SlotQueue:
         k, inv_gamma = weibull_shape(self.wait_cv2)
         ok = np.isfinite(self.wait_given_wait_s)
         return k, np.where(ok, self.wait_given_wait_s, 1.0) * inv_gamma
+
+    def free_prompt_rate(self, lam) -> np.ndarray:
+        """The rate (1/s) at which prompts start their prefill while a slot is free (``slot_free_prompt_rate``):
+        ``lam`` where no request waits for a slot or the full batch is not reached, 0 where every request
+        waits (none finds a slot free)."""
+        lam = np.asarray(lam, dtype=float)
+        pw = np.asarray(self.wait_probability, dtype=float)
+        load = np.asarray(self.full_load, dtype=float)
+        some = (pw > 0) & (load > 0) & (pw < 1) & np.isfinite(self.mean_s)
+        free = f.slot_free_prompt_rate({"lambda": lam, "P_w": np.where(some, pw, 0.0),
+                                        "rho_full": np.where(some, load, 1.0)})
+        return np.where(some, free, np.where(pw >= 1, 0.0, lam))
 
     def quantile_s(self, p: float) -> np.ndarray:
         ok = np.isfinite(self.mean_s)

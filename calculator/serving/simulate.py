@@ -71,6 +71,10 @@ class Trace:
     steps: int
     stable: bool
     admission_wait_s: np.ndarray | None = None  # arrival to first admission (decode instance: to its KV)
+    slots_taken: np.ndarray | None = None
+    """Per measured request, whether it arrived to find no batch slot for it: the batch cap or the KV memory
+    could not take it beside the running and admitted sequences and the prompts queued ahead of it (those counted
+    at its own prompt's KV)."""
 
     def ttft_p(self, p: float) -> float:
         return float(np.percentile(self.ttft_s, p))
@@ -138,6 +142,7 @@ def run_engine(pm: PoolModel, policy: Policy, arrivals: np.ndarray, prompt: np.n
     progress = np.zeros(n, dtype=np.int64)
     admitted = np.zeros(n, dtype=bool)
     admitted_at = np.full(n, np.nan)  # first admission (a batch slot and its prompt's KV), s
+    taken = np.zeros(n, dtype=bool)  # arrived to find no slot for it (``Trace.slots_taken``)
     run_id = np.empty(0, dtype=np.int64)
     run_ctx = np.empty(0, dtype=float)
     run_last = np.empty(0, dtype=float)
@@ -164,6 +169,10 @@ def run_engine(pm: PoolModel, policy: Policy, arrivals: np.ndarray, prompt: np.n
 
     while pending > 0:
         while nxt < n and arrivals[nxt] <= t:
+            if measured[nxt]:
+                ahead = len(waiting) - admitted_waiting + 1  # the prompts not yet admitted, this one included
+                taken[nxt] = (run_id.size + admitted_waiting + ahead > max_batch
+                              or running_kv() + reserved + ahead * float(kv(cached[nxt] + need[nxt])) > capacity)
             waiting.append(nxt)
             nxt += 1
         if not run_id.size and not waiting:
@@ -318,7 +327,7 @@ def run_engine(pm: PoolModel, policy: Policy, arrivals: np.ndarray, prompt: np.n
     ttft = first[sel] - arrivals[sel]
     trace = Trace(ttft, tpot, np.asarray(itl_values), np.asarray(itl_weights, dtype=float),
                   batch_time / t if t > 0 else 0.0, preemptions, steps,
-                  stable and pending == 0 and not _growing(ttft), admitted_at[sel] - arrivals[sel])
+                  stable and pending == 0 and not _growing(ttft), admitted_at[sel] - arrivals[sel], taken[sel])
     return first, done, trace
 
 
@@ -442,7 +451,7 @@ def run_deployment(model: ModelSpec, d: Deployment, w: Workload, pools: Sequence
                              r.measured[idx], d.max_batched_tokens)
     ttft = trace.ttft_s + (ready[idx] - r.arrivals[idx])[r.measured[idx]]
     return Trace(ttft, trace.tpot_s, trace.itl_s, trace.itl_weight, trace.batch_mean, trace.preemptions, trace.steps,
-                 trace.stable and not _growing(ttft), trace.admission_wait_s)
+                 trace.stable and not _growing(ttft), trace.admission_wait_s, trace.slots_taken)
 
 
 class Simulation(BaseModel):
