@@ -1020,8 +1020,8 @@ def _print_evaluation(req: Any, e: Any) -> None:
         facts.append(("KV transfer per request", _ms(e.kv_transfer_s)))
     if slo is not None:
         facts.append(("goodput (SLO met up to)", f"{_count(e.goodput_rps)} req/s"))
-    if e.attainment is not None:
-        facts.append(("requests meeting TTFT and TPOT", f"{e.attainment:.1%}"))
+    if e.attainment_share is not None:
+        facts.append(("requests meeting TTFT and TPOT", f"{e.attainment_share:.1%}"))
     out.print(pairs_table("", facts))
     metrics = (("TTFT", e.ttft_by_percentile_s, _sec, None if slo is None else f"{slo.ttft_s:g} s"),
                ("TPOT", e.tpot_by_percentile_s, _ms, None if slo is None else f"{slo.tpot_s * 1e3:g} ms"),

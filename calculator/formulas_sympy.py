@@ -523,7 +523,10 @@ slot_free_prompt_rate = _formula(
     "lambda starts fall in the free time: (lambda - P_w lambda / rho_full) / (1 - P_w). On one instance that "
     "prefills and decodes (Qwen3-30B-A3B, 6,000-token prompts, 13 slots, 0.9 of capacity: 0.85 lambda) 6% of "
     "the simulated prompts that found a slot free waited more than 0.15 s beyond their own time; the prompt "
-    "queue's wait at this rate says 7.7%, at the whole lambda 10.3%.",
+    "queue's wait at this rate says 7.7%, at the whole lambda 10.3%. P_w stands for the time share of a full "
+    "batch, which it is for Poisson arrivals; where stalls batch the arrivals (the chain's P_w is then the "
+    "share of requests) or the holds are nearly fixed (the M/D/c scaling) it is an approximation, and the rate "
+    "is 0 where P_w reaches rho_full.",
 )
 rho_x = _sym("rho_x", "share of the decodes' time that prompts stall them (the time prompts add to their steps)", "1",
              r"\rho_{x}")

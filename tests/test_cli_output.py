@@ -236,6 +236,28 @@ def test_evaluate_is_the_rest_evaluate():
     assert float(rows[1]["ttft_s"]) == pytest.approx(body["ttft_by_percentile_s"]["90"], rel=1e-12)
 
 
+def test_evaluate_takes_the_itl_target_joint_attainment_and_the_scheduler():
+    """``--itl``, ``--attainment joint`` and ``--scheduler``: the same figures as the library's evaluate with that SLO
+    and deployment, the ITL row against its target, and the joint share printed."""
+    args = ["evaluate", "llama-3.1-8b", "--rate", "1.5", "--isl", "8000", "--osl", "300", "--pool", "h100-sxm",
+            "--ttft", "2s", "--tpot", "50ms", "--itl", "200ms", "--attainment", "joint"]
+    slo = pc.SLO(ttft_s=2, tpot_s=0.05, itl_s=0.2, attainment="joint")
+    w = pc.Workload(rate=1.5, isl=8000, osl=300)
+    for scheduler in ("hybrid", "prefill_first"):
+        body = json.loads(_run(*args, "--scheduler", scheduler, "--json"))
+        e = pc.evaluate("llama-3.1-8b", {"mode": "mixed", "pool": {"gpu": "h100-sxm"}, "scheduler": scheduler}, w, slo)
+        assert body["attainment"] == pytest.approx(e.attainment(), rel=1e-9)
+        assert body["itl_by_percentile_s"]["99"] == pytest.approx(e.itl_s(99), rel=1e-9)
+        text = _run(*args, "--scheduler", scheduler, columns=120)
+        assert "ITL (SLO 200 ms)" in text
+        assert re.search(rf"requests meeting TTFT and TPOT\s+{re.escape(f'{e.attainment():.1%}')}", text)
+    # a prompt-only step stalls every decode for the whole prompt: a longer worst gap than the hybrid step's
+    hybrid = json.loads(_run(*args, "--scheduler", "hybrid", "--json"))
+    first = json.loads(_run(*args, "--scheduler", "prefill_first", "--json"))
+    assert first["itl_by_percentile_s"]["99"] > hybrid["itl_by_percentile_s"]["99"] > 0
+    _run(*args[:-2], "--attainment", "both", code=2)
+
+
 def test_an_overloaded_deployment_exits_1():
     text = _run("evaluate", "llama-3.1-70b", "--rate", "40", "--isl", "4000", "--osl", "500", "--pool",
                 "h200-sxm:tp4", columns=120, code=1)

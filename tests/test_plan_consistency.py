@@ -53,7 +53,7 @@ def test_the_top_candidates_are_what_evaluate_says(model, workload, slo, gpus, o
         assert ttft == pytest.approx(c.ttft_p_s, rel=0.01)
         assert tpot <= c.tpot_p_s * 1.03
         if slo.attainment == "joint":
-            assert r.attainment >= slo.p - 1e-6
+            assert r.attainment() >= slo.p - 1e-6
         else:
             assert ttft <= slo.ttft_s * (1 + 1e-9) and tpot <= slo.tpot_s * (1 + 1e-9)
 

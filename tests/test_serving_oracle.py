@@ -144,12 +144,11 @@ def test_each_kv_bound_p90_ttft_is_the_simulated_p90_within_two_percentiles(reco
     """Where KV memory binds (long prompts at 0.8 and 0.9 of capacity) the p90 TTFT falls on the flat edge of the
     requests that wait for a slot, where a few percent of the requests move it by 10-20%: a bound on its value
     is loose there, so each one's rank is held too, between the simulated p88 and p92 (0.899-0.916 in the
-    record). The known gaps' p90s are among them."""
+    record)."""
     ranks = {_key(_case(r), "ttft90"): r["ttft90_rank"] for r in record["rows"]
              if r["workload"] == "long prompt" and r["utilisation"] >= 0.8}
     assert len(ranks) == 6
     assert all(0.88 <= v <= 0.92 for v in ranks.values()), ranks
-    assert all(k in ranks for k in RECORD_GAPS if k[3] == "ttft90")
 
 
 @pytest.fixture(scope="module")

@@ -154,8 +154,8 @@ def evaluate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
     binding = str(base.binding[0])
     reason = None if stable else f"overloaded at {workload.rate:g} req/s: {binding} at utilisation {util:.2f} (>= 1)"
     attainment = None
+    joint = analyse(m, deployment, workload, rate, 0.9 if slo is None else slo.p, tuple(pools), joint=True)
     if slo is not None and stable:
-        joint = analyse(m, deployment, workload, rate, slo.p, tuple(pools), joint=True)
         attainment = float(joint.attainment(slo)[0])
     return Evaluation(
         mode=deployment.mode, stable=stable, reason=reason, utilisation=finite_or_none(util), binding=binding,
@@ -168,7 +168,7 @@ def evaluate(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any],
         tpot_by_percentile_s={pc: float(a.tpot_p_s[0]) for pc, a in by_p.items()} if stable else {},
         itl_by_percentile_s={pc: float(a.itl_p_s[0]) for pc, a in by_p.items()} if stable else {},
         engine=engine_used,
-    )
+    ).with_joint(joint)
 
 
 def closed_loop(model: ModelSpec | str, deployment: Deployment | Mapping[str, Any], isl: float, osl: float,

@@ -16,7 +16,7 @@ from statistics import NormalDist
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from hardware_db.loader import load_gpu
 from hardware_db.schema import GPUSpec, KVDtype, ModelSpec, WeightDtype
@@ -1814,10 +1814,24 @@ class ModeArrays:
         return np.where(self.stable, p_ttft * p_tpot, 0.0)
 
 
+class _Derived:
+    """A value derived from what a model's fields were computed from (``Evaluation``'s analysis table), which
+    equality ignores: two evaluations are equal where their fields are."""
+
+    __slots__ = ("value",)
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Derived)
+
+
 class Evaluation(BaseModel):
     """One deployment under one workload: latency statistics, utilisation and goodput."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, populate_by_name=True, serialize_by_alias=True)
 
     mode: Mode
     stable: bool
@@ -1838,8 +1852,34 @@ class Evaluation(BaseModel):
     tpot_by_percentile_s: dict[int, float] = Field(default_factory=dict)
     itl_by_percentile_s: dict[int, float] = Field(
         default_factory=dict, description="inter-token latency: every gap between two output tokens, pooled")
-    attainment: float | None = Field(
-        default=None, description="with an SLO: share of requests meeting TTFT and TPOT together (joint)")
+    attainment_share: float | None = Field(
+        default=None, alias="attainment",
+        description="with an SLO: share of requests meeting TTFT and TPOT together (joint)")
+    _joint: _Derived | None = PrivateAttr(default=None)  # the analysis that ``attainment(slo)`` reads
+
+    def attainment(self, slo: SLO | Any = None) -> float:
+        """Share of requests that meet both ``slo``'s TTFT and TPOT targets (joint attainment; its percentile
+        does not enter): P(TTFT <= ttft_s) P(TPOT <= tpot_s) over the TTFT quantile table and the TPOT
+        distribution (``ModeArrays.attainment``), 0 where the rate overloads the deployment. Without ``slo``,
+        the share for the SLO the evaluation was asked with (``attainment_share``, serialised as
+        ``attainment``)."""
+        from ..arguments import as_model
+
+        if slo is None:
+            if self.attainment_share is None:
+                raise InputError("slo", "this evaluation had no SLO: pass one (attainment(slo))")
+            return self.attainment_share
+        slo = as_model("slo", slo, SLO)
+        if not self.stable:
+            return 0.0
+        if self._joint is None:
+            raise InputError("slo", "this evaluation was not built by evaluate (no TTFT table to read)")
+        return float(self._joint.value.attainment(slo)[0])
+
+    def with_joint(self, joint: ModeArrays) -> Evaluation:
+        """The evaluation with the one-rate analysis that ``attainment(slo)`` reads (``evaluate`` sets it)."""
+        self._joint = _Derived(joint)
+        return self
 
     def ttft_s(self, p: float = 90) -> float:
         return self._at(self.ttft_by_percentile_s, p, "ttft")

@@ -316,8 +316,9 @@ def single_pool_arrays(pm: PoolModel | PoolRows, w: Workload, lam, p: float, bat
 
         tau = np.maximum(pools.map(two_at, limit, np.where(bulk_cells, b_cap, 1.0)) - s_mean, 1e-12)
         t0 = np.maximum(s_mean - tau, 0.0)
-        pw_b, theta_b, cv2_b = hybrid_bulk_wait(np.where(bulk_cells, lam, 0.0), t0, tau, per_step, w,
-                                                None if len(pools.pools) == 1 else pools.owner[:, None])
+        # (a prompt that finds a slot free queues behind the starts in free time: ``SlotQueue.free_prompt_rate``)
+        pw_b, theta_b, cv2_b = hybrid_bulk_wait(np.where(bulk_cells, slots.free_prompt_rate(lam), 0.0), t0, tau,
+                                                per_step, w, None if len(pools.pools) == 1 else pools.owner[:, None])
         bulk = (bulk_cells, pw_b, theta_b, cv2_b, tau, per_step)
     # a prompt waits for its step or, where the slots are taken, for a slot (``with_slot_wait``)
     wq, wp = _prompt_wait(lam, service, t_d, p, batched, busy, w, slots, bulk, shift)
