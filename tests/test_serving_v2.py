@@ -57,6 +57,18 @@ def test_the_binding_resource_is_named_with_a_finite_utilisation():
         r = pc.evaluate("llama-3.1-8b", {"mode": mode, "pool": {"gpu": "h200-sxm"}}, {**w, "rate": 30}, slo)
         assert not r.stable and r.utilisation is not None and 1 < r.utilisation < 100
         assert r.binding in ("prefill interference", "prefill chunks")
+    # a disaggregated decode pool whose batch outgrows its KV slots: the load the arrivals would put on them at the
+    # full batch's step (it was inf, shown as 1e9: "decode KV memory at utilisation 1000000000.00")
+    d = {"mode": "disaggregated", "prefill": {"gpu": "h100-sxm", "tp": 2, "instances": 6, "weight_dtype": "fp8"},
+         "decode": {"gpu": "h20", "tp": 4, "instances": 2, "weight_dtype": "fp8"}}
+    loads = []
+    for rate in (12, 16):
+        r = pc.evaluate("llama-3.1-70b", d, {"rate": rate, "isl": 4000, "osl": 500})
+        assert not r.stable and r.binding == "decode KV memory" and 1 <= r.utilisation < 2
+        assert f"utilisation {r.utilisation:.2f}" in r.reason
+        loads.append(r.utilisation)
+    assert loads[1] == pytest.approx(loads[0] * 16 / 12, rel=0.01)  # the arrivals' demand at the full batch's step
+    assert pc.evaluate("llama-3.1-70b", d, {"rate": 11, "isl": 4000, "osl": 500}).stable
 
 
 def test_a_stable_chunked_instance_has_a_finite_ttft_and_its_utilisation_counts_the_prompt_queue():
