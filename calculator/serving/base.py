@@ -1582,18 +1582,17 @@ class SlotQueue:
         factor = f.slot_wait_factor({"c_a2": ca2, "c_s2": cs2, "lambda": lam, "E_S": np.where(finite, full, 1.0),
                                      "c_srv": c})
         theta = np.where(stable, factor / np.maximum(gap, 1e-300), np.inf)
+        fixed = np.ones_like(pw)
         if live.any():
             pw[live] = _slot_wait_probability(lam[live], batch[live], c[live], hold[live], slope[live], full[live],
                                               stall[live])
+            fixed[live] = 1 - (1 - np.clip(cs2[live], 0.0, 1.0)) * (1 - delay_probability_ratio(rho_full[live], c[live]))
         # the chain's departures are exponential; holds of a fixed output length are nearly constant, which makes a
         # request less likely to find the slots taken (M/D/c against M/M/c: ``mdc``), in proportion to 1 - c_s^2
         # as Cosmetatos' mean; the mean wait stays the factor's, so a wait, given one, is that much longer
         # (only on the live entries, where the chain is solved: elsewhere the delay probability is 0, and a wait's
         # length is never read. Where stalls batch the arrivals the chain behaves like c / z slots; the ratio is
         # read at the c slots there are: 0.936 at 256 slots and rho 0.475, where 7.4 slots would give 0.952)
-        fixed = np.ones_like(pw)
-        if live.any():
-            fixed[live] = 1 - (1 - np.clip(cs2[live], 0.0, 1.0)) * (1 - delay_probability_ratio(rho_full[live], c[live]))
         pw = pw * fixed
         theta = theta / fixed
         pw = np.where(finite & ~stable, 1.0, pw)

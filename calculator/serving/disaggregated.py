@@ -802,9 +802,10 @@ def analyse_pairs(model: ModelSpec, ds: list[Deployment], pools: list[tuple[Pool
     rho_decode = lam_d * w.osl.mean * slope
     # the fixed point, as stability; without one (the batch outgrows its slots) the slots the arrivals would hold at
     # the step of a batch at the limit, so an overloaded pool's load is a number (it was inf, shown as 1e9)
-    at_limit = decs.decode_steps(running_context(w), w, np.maximum(np.floor(limit), 1.0))
-    demand = np.where(np.isfinite(fixed), fixed, np.where(np.isfinite(life), lam_d * life,
-                                                          np.maximum(lam_d * w.osl.mean * at_limit, limit)))
+    demand = np.where(np.isfinite(fixed), fixed, lam_d * life)
+    if not np.all(np.isfinite(demand)):  # (only overloaded cells: a plan's stable grid reads no extra step)
+        at_limit = decs.decode_steps(running_context(w), w, np.maximum(np.floor(limit), 1.0))
+        demand = np.where(np.isfinite(demand), demand, np.maximum(lam_d * w.osl.mean * at_limit, limit))
     occupancy = slots.occupancy(demand / limit)
     slot_name = [("decode batch cap" if m.batch_cap <= m.kv_limit(w) else "decode KV memory") for m in decs.pools]
     stacked = np.stack(np.broadcast_arrays(rho_prefill, rho_decode, occupancy))
