@@ -143,6 +143,7 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "B": ("B", "mean sequences decoding at once", "sequences"),
     "L_full": ("L", "sequences a full batch holds (its slots: KV memory or the batch cap, an integer)", "sequences"),
     "k_own": ("k_{own}", "steps of a request's own prefill that carry the decodes (1: a whole prompt; its pieces when chunked; 0: a prompt step of its own)", "steps"),
+    "x_f": ("x_{f}", "time one prompt adds to the decodes at a full batch: its steps beyond as many plain decode steps (negative where a step with a prompt piece is cheaper than the decode step alone)", "s"),
     "V_T": ("V_{T}", "variance of a request's TPOT", "s^2"),
     "z": ("z", "standard normal quantile of the percentile", "1"),
     "rho_d": ("\\rho_{d}", "decode load: arrivals x output tokens x the step time one more sequence adds", "1"),
@@ -1247,19 +1248,35 @@ running_context = Formula(
 )
 
 
-def _full_batch_hold(B: Any, L_full: Any, k_own: Any, n_out: Any, t_d: Any, t_slope: Any, x_p: Any) -> Any:
+def _full_batch_hold(B: Any, L_full: Any, k_own: Any, n_out: Any, t_d: Any, t_slope: Any, x_f: Any) -> Any:
     _s0 = functools.reduce(numpy.maximum, [1, k_own + n_out - 1])
-    return L_full*x_p + (t_d + t_slope*(-B + L_full - functools.reduce(numpy.minimum, [L_full - 1, L_full*k_own/_s0])))*_s0
+    return (t_d + t_slope*(-B + L_full - functools.reduce(numpy.minimum, [L_full - 1, L_full*k_own/_s0])))*_s0 + numpy.select([numpy.greater(k_own, 1),True], [x_f*functools.reduce(numpy.minimum, [L_full, _s0/functools.reduce(numpy.maximum, [1, k_own])]),L_full*functools.reduce(numpy.maximum, [0, x_f]) + functools.reduce(numpy.minimum, [0, x_f])*functools.reduce(numpy.minimum, [L_full, _s0])], default=numpy.nan)
 
 
 full_batch_hold = Formula(
     name="full_batch_hold",
     section="queueing and serving",
     unit="s",
-    doc="How long a request holds its slot while the batch runs full (a prompt starts only as a sequence leaves): its k_own prefill steps and n_out - 1 decode steps, each of a step over the L slots less the L k_own / (k_own + n_out - 1) that hold prompts in prefill (t_d(B) + t' (L - n_p - B) on the roofline's linear stretch), plus the stall x_p of every prompt that starts in its time: its own and L - 1 others, one per departure. On the long-prompt grid (Qwen3-30B-A3B, 6,000-token prompts, 13 slots) the simulated instance run full finishes 3.479 requests a second chunked (2,048-token budget) against 3.480 here (3.43 before, from the time share of prefill instead of the step share), and 3.456 with whole prompts against 3.524: there the simulation runs 13.13 decodes on average and 8.6% more prompt steps than requests finish, as it lets a fourteenth prompt in beside a young batch and recomputes the sequence it preempts later.",
-    args=("B", "L_full", "k_own", "n_out", "t_d", "t_slope", "x_p"),
-    latex="L x_{p} + \\left(t_{d} + {t'_{d}} \\left(- B + L - \\min\\left(\\frac{L k_{own}}{\\max\\left(1, k_{own} + n_{out} - 1\\right)}, L - 1\\right)\\right)\\right) \\max\\left(1, k_{own} + n_{out} - 1\\right)",
+    doc="How long a request holds its slot while the batch runs full (a prompt starts only as a sequence leaves): its k_own prefill steps and n_out - 1 decode steps, each of a step over the L slots less the L k_own / (k_own + n_out - 1) that hold prompts in prefill (t_d(B) + t' (L - n_p - B) on the roofline's linear stretch), plus the stall x_p of every prompt that starts in its time: its own and L - 1 others, one per departure. On the long-prompt grid (Qwen3-30B-A3B, 6,000-token prompts, 13 slots) the simulated instance run full finishes 3.479 requests a second chunked (2,048-token budget) against 3.480 here (3.43 before, from the time share of prefill instead of the step share), and 3.456 with whole prompts against 3.524: there the simulation runs 13.13 decodes on average and 8.6% more prompt steps than requests finish, as it lets a fourteenth prompt in beside a young batch and recomputes the sequence it preempts later. The prompts' stalls are L x_p where a prompt runs in one step; one in k_own > 1 pieces rides in k_own steps, and no more than every step of the hold carries a piece (the pieces of L prompts need L k_own steps, more than the hold has where the room beside a full batch is small); a negative x_p (a step with a prompt piece cheaper than the decode step alone: vLLM's CPU backend attends such a step in one kernel, fitted faster than its decode-only kernel) saves at most its difference on every step.",
+    args=("B", "L_full", "k_own", "n_out", "t_d", "t_slope", "x_f"),
+    latex="\\left(t_{d} + {t'_{d}} \\left(- B + L - \\min\\left(\\frac{L k_{own}}{\\max\\left(1, k_{own} + n_{out} - 1\\right)}, L - 1\\right)\\right)\\right) \\max\\left(1, k_{own} + n_{out} - 1\\right) + \\begin{cases} x_{f} \\min\\left(L, \\frac{\\max\\left(1, k_{own} + n_{out} - 1\\right)}{\\max\\left(1, k_{own}\\right)}\\right) & \\text{for}\\: k_{own} > 1 \\\\L \\max\\left(0, x_{f}\\right) + \\min\\left(0, x_{f}\\right) \\min\\left(L, \\max\\left(1, k_{own} + n_{out} - 1\\right)\\right) & \\text{otherwise} \\end{cases}",
     fn=_full_batch_hold,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _full_batch_tpot(L_full: Any, k_own: Any, n_out: Any, t_d: Any, x_f: Any) -> Any:
+    return t_d + numpy.select([numpy.greater(k_own, 1),True], [x_f*functools.reduce(numpy.minimum, [L_full - 1, n_out/functools.reduce(numpy.maximum, [1, k_own])]),(L_full - 1)*functools.reduce(numpy.maximum, [0, x_f]) + functools.reduce(numpy.minimum, [0, x_f])*functools.reduce(numpy.minimum, [n_out, L_full - 1])], default=numpy.nan)/n_out
+
+
+full_batch_tpot = Formula(
+    name="full_batch_tpot",
+    section="queueing and serving",
+    unit="s",
+    doc="The largest TPOT a request can see when the batch is capped (KV memory or the batch cap): the batch held full at L sequences through its lifetime, so about L - 1 prompts start in it, one per departure, each adding its stall x_p; capped as in full_batch_hold where a prompt spans k_own > 1 steps (every step carries a piece at most) or its stall is negative. A step with a piece is then at most every step: TPOT <= t_d + x_p / k_own, a real step's time (uncapped, a chunk-64 instance fitted to vLLM's CPU engine with 63 slots put its ceiling at -2.07 s: 256 two-token pieces a prompt, each step 8 ms under the decode step alone).",
+    args=("L_full", "k_own", "n_out", "t_d", "x_f"),
+    latex="t_{d} + \\frac{\\begin{cases} x_{f} \\min\\left(\\frac{n_{out}}{\\max\\left(1, k_{own}\\right)}, L - 1\\right) & \\text{for}\\: k_{own} > 1 \\\\\\left(L - 1\\right) \\max\\left(0, x_{f}\\right) + \\min\\left(0, x_{f}\\right) \\min\\left(n_{out}, L - 1\\right) & \\text{otherwise} \\end{cases}}{n_{out}}",
+    fn=_full_batch_tpot,
     symbol_table=SYMBOL_TABLE,
 )
 
@@ -1592,6 +1609,7 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     littles_law_batch,
     running_context,
     full_batch_hold,
+    full_batch_tpot,
     tpot_stall_variance,
     batch_step_variance,
     tpot_batch_variance,

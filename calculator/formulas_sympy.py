@@ -668,9 +668,24 @@ L_full = _sym("L_full", "sequences a full batch holds (its slots: KV memory or t
 k_own = _sym("k_own", "steps of a request's own prefill that carry the decodes (1: a whole prompt; its pieces when "
              "chunked; 0: a prompt step of its own)", "steps", "k_{own}")
 n_cycle = sp.Max(k_own + n_out - 1, 1)
+x_f = sp.Symbol("x_{f}", real=True)  # signed, unlike the other symbols
+SYMBOLS["x_f"] = (x_f, "time one prompt adds to the decodes at a full batch: its steps beyond as many plain decode "
+                  "steps (negative where a step with a prompt piece is cheaper than the decode step alone)", "s")
+
+
+def _prompt_stalls(n_prompts: sp.Expr, n_steps: sp.Expr) -> sp.Expr:
+    """What ``n_prompts`` prompts of stall x_f each add over ``n_steps`` steps of a full batch: n x_f, except that a
+    prompt in k_own > 1 pieces rides in k_own of the steps at x_f / k_own each, and no more than every step
+    carries a piece; and a stall below zero (a step with a prompt piece cheaper than the plain decode step)
+    saves at most its difference on every step."""
+    one_step = n_prompts * sp.Max(x_f, 0) + sp.Min(n_prompts, n_steps) * sp.Min(x_f, 0)
+    return sp.Piecewise((x_f * sp.Min(n_prompts, n_steps / sp.Max(k_own, 1)), k_own > 1), (one_step, True))
+
+
 full_batch_hold = _formula(
     "full_batch_hold",
-    n_cycle * (t_d + t_slope * (L_full - sp.Min(L_full * k_own / n_cycle, L_full - 1) - B_sym)) + L_full * x_p,
+    n_cycle * (t_d + t_slope * (L_full - sp.Min(L_full * k_own / n_cycle, L_full - 1) - B_sym))
+    + _prompt_stalls(L_full, n_cycle),
     "s",
     "How long a request holds its slot while the batch runs full (a prompt starts only as a sequence leaves): "
     "its k_own prefill steps and n_out - 1 decode steps, each of a step over the L slots less the L k_own / "
@@ -680,7 +695,23 @@ full_batch_hold = _formula(
     "run full finishes 3.479 requests a second chunked (2,048-token budget) against 3.480 here (3.43 "
     "before, from the time share of prefill instead of the step share), and 3.456 with whole prompts against "
     "3.524: there the simulation runs 13.13 decodes on average and 8.6% more prompt steps than requests finish, "
-    "as it lets a fourteenth prompt in beside a young batch and recomputes the sequence it preempts later.",
+    "as it lets a fourteenth prompt in beside a young batch and recomputes the sequence it preempts later. "
+    "The prompts' stalls are L x_p where a prompt runs in one step; one in k_own > 1 pieces rides in k_own steps, "
+    "and no more than every step of the hold carries a piece (the pieces of L prompts need L k_own steps, more "
+    "than the hold has where the room beside a full batch is small); a negative x_p (a step with a prompt piece "
+    "cheaper than the decode step alone: vLLM's CPU backend attends such a step in one kernel, fitted faster than "
+    "its decode-only kernel) saves at most its difference on every step.",
+)
+full_batch_tpot = _formula(
+    "full_batch_tpot",
+    t_d + _prompt_stalls(L_full - 1, n_out) / n_out,
+    "s",
+    "The largest TPOT a request can see when the batch is capped (KV memory or the batch cap): the batch held "
+    "full at L sequences through its lifetime, so about L - 1 prompts start in it, one per departure, each adding "
+    "its stall x_p; capped as in full_batch_hold where a prompt spans k_own > 1 steps (every step carries a piece "
+    "at most) or its stall is negative. A step with a piece is then at most every step: TPOT <= t_d + x_p / "
+    "k_own, a real step's time (uncapped, a chunk-64 instance fitted to vLLM's CPU engine with 63 slots put its "
+    "ceiling at -2.07 s: 256 two-token pieces a prompt, each step 8 ms under the decode step alone).",
 )
 var_sym = _sym("V_T", "variance of a request's TPOT", "s^2", "V_{T}")
 z_q = _sym("z", "standard normal quantile of the percentile", "1")

@@ -1017,6 +1017,33 @@ def test_stall_batches_are_geometric_with_the_borel_dispersion():
         assert geometric == pytest.approx(_borel_slot_chain(*row), rel=0.03)
 
 
+def test_a_full_batch_carries_a_prompt_piece_in_every_step_at_most():
+    """The full batch's TPOT ceiling and hold count L - 1 (or L) prompt stalls x, one prompt per departure. A
+    prompt in k > 1 pieces rides in k steps at x / k each, and no step carries more than one piece, so the
+    stalls are capped at every step carrying one: t_d + x / k. A chunk-64 instance fitted to vLLM's CPU engine
+    (63 slots, so 1-2 tokens of room beside a full batch: 256 pieces a 512-token prompt) put x at -2.1 s (each
+    piece's step 8 ms cheaper than the decodes alone, before the step model's floor) and its p50 TPOT at -2.07 s.
+    Hand values: t_d 10 ms, 64 output tokens."""
+    from calculator import formulas as f
+
+    def tpot(L, k, x):
+        return float(f.full_batch_tpot(t_d=0.010, L_full=L, k_own=k, x_f=x, n_out=64.0))
+
+    assert tpot(63, 1, 0.020) == pytest.approx(0.010 + 62 * 0.020 / 64)  # whole prompts: they share steps
+    assert tpot(13, 3, 0.300) == pytest.approx(0.010 + 12 * 0.300 / 64)  # 36 pieces in 64 steps: no cap
+    assert tpot(40, 3, 0.300) == pytest.approx(0.010 + 0.300 / 3)  # 117 pieces, 64 steps: every step carries one
+    assert tpot(63, 256, -2.1) == pytest.approx(0.010 - 2.1 / 256)  # a cheaper piece in every step: still > 0
+    assert tpot(63, 1, -0.004) == pytest.approx(0.010 - 62 * 0.004 / 64)  # whole prompts cheaper than a decode step
+    assert tpot(100, 1, -0.004) == pytest.approx(0.010 - 0.004)  # ... 99 of them in 64 steps: each step once
+    # the hold: 64 + k - 1 steps; L prompts' stalls, capped the same way
+    def hold(L, k, x):
+        return float(f.full_batch_hold(t_d=0.010, t_slope=0.0, L_full=L, B=L, k_own=k, x_f=x, n_out=64.0))
+
+    assert hold(13, 3, 0.300) == pytest.approx(66 * 0.010 + 13 * 0.300)
+    assert hold(40, 3, 0.300) == pytest.approx(66 * 0.010 + 0.300 / 3 * 66)
+    assert hold(63, 256, -2.1) == pytest.approx(319 * 0.010 - 2.1 / 256 * 319)
+
+
 def test_the_full_batch_hold_counts_steps_not_time_in_prefill():
     """Past saturation the long-prompt grid's instance, chunked at a 2,048-token budget, finishes 3.48
     requests a second: per request 3 prefill steps beside 12 decodes and 149 decode steps of 13, plus

@@ -83,20 +83,34 @@ def test_one_varlen_attention_kernel_runs_a_hybrid_step_at_the_prompt_kernels_ef
     """vLLM's CPU backend attends a whole step, decodes and prompt pieces together, in one kernel
     (``cpu_attention_with_kv_cache`` over the batch): with ``hybrid_attention_kernels`` = 1 a hybrid step's
     attention is one roofline over all of its work at the GEMM efficiencies with one kernel's launches, while
-    a decode-only step keeps the decode kernel's share."""
+    a decode-only step keeps the decode kernel's share; and never less than the decodes alone take in that
+    decode-only step (a step's work only grows with its prompt piece)."""
     two, one = _setup(decode_attention=0.25), _setup(decode_attention=0.25, hybrid_attention_kernels=1)
     full = _setup()
     kw = {"S": 1, "P": 8000, "b": 64, "phase": "decode"}
     for setup in (two, one):  # decode-only steps: the decode kernel's share either way
         assert float(step_time_s(step_groups(setup, **kw), setup)) == pytest.approx(
             float(step_time_s(step_groups(two, **kw), two)), rel=1e-12)
-    hyb_one = {g.name: g for g in step_groups(one, **kw, chunk=(512, 4096))}["attention"]
-    hyb_two = {g.name: g for g in step_groups(two, **kw, chunk=(512, 4096))}["attention"]
-    hyb_full = {g.name: g for g in step_groups(full, **kw, chunk=(512, 4096))}["attention"]
+    # a long piece over a long prefix beside a few short decodes: its work sets the step
+    big = {"S": 1, "P": 500, "b": 8, "phase": "decode", "chunk": (2048, 4096)}
+    hyb_one = {g.name: g for g in step_groups(one, **big)}["attention"]
+    hyb_two = {g.name: g for g in step_groups(two, **big)}["attention"]
+    hyb_full = {g.name: g for g in step_groups(full, **big)}["attention"]
     # one roofline over the step's work, as the default share 1 gives it, but one kernel's launches, not two
     assert float(hyb_one.time_s - hyb_one.latency_s) == pytest.approx(float(hyb_full.time_s - hyb_full.latency_s))
     assert float(hyb_one.latency_s) == pytest.approx(float(hyb_full.latency_s) / 2)
     assert float(hyb_one.memory_s) < float(hyb_two.memory_s)  # the decodes' KV no longer read at 0.25
+    # a two-token piece beside 64 decodes at 8,000 tokens: one roofline at the GEMM efficiencies would take a
+    # quarter of what the decodes alone take at their share; the kernel takes at least the decodes' own time
+    alone = {g.name: g for g in step_groups(one, **kw)}["attention"]
+    tiny = {g.name: g for g in step_groups(one, **kw, chunk=(2, 0))}["attention"]
+    at_gemm = {g.name: g for g in step_groups(full, **kw, chunk=(2, 0))}["attention"]
+    assert float(at_gemm.time_s) < 0.5 * float(alone.time_s)
+    assert float(tiny.time_s) == pytest.approx(float(alone.time_s), rel=1e-12)
+    # so a step with a piece never takes less than the step without it, whatever the piece
+    for piece in (1, 2, 16, 64, 256, 2048):
+        hybrid = float(step_time_s(step_groups(one, **kw, chunk=(piece, 0)), one))
+        assert hybrid >= float(step_time_s(step_groups(one, **kw), one)), piece
 
 
 def test_the_fit_recovers_both_terms() -> None:

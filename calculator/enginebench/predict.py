@@ -11,6 +11,7 @@ then predicts every loaded point with the scheduler the engine runs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +23,7 @@ from ..microbench.fit import Design, design, fit_efficiency
 from ..serving import Deployment, Evaluation, Pool, Workload, evaluate
 from .engine import MAX_NUM_SEQS, EngineConfig
 from .model import ENGINE_MODEL
-from .results import Curve, Predicted
+from .results import NEIGHBOUR_BATCH, Curve, Predicted
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,40 @@ class StepPoint:
     batch: int
     seconds: float
     chunk: int | None = None
+
+
+CHECK_PROMPT_TOKENS = 32
+"""The prompt of the decodes in the check before a load point (the calibration's short-context decode points)."""
+
+
+@dataclass(frozen=True)
+class Drift:
+    """How the instance's unloaded steps moved between its calibration and the check before a load point: the
+    check's decode step over the calibration's at the same shape (``NEIGHBOUR_BATCH`` decodes, 32-token prompts),
+    and its lone prompt over the calibration's (1: not checked)."""
+
+    decode: float = 1.0
+    prefill: float = 1.0
+
+
+def drift(steps: Sequence[StepPoint], isl: int, check_decode_s: float | None, check_prefill_s: float | None) -> Drift:
+    """The check's step times over the calibration's own measurement of the same step (``Drift``)."""
+    ref_d = next((s.seconds for s in steps if s.phase == "decode" and s.batch == NEIGHBOUR_BATCH
+                  and s.tokens < 2 * CHECK_PROMPT_TOKENS + 128), None)  # 32 prompt + up to 96 outputs: ~80
+    ref_p = next((s.seconds for s in steps if s.phase == "prefill" and s.tokens == isl), None)
+    return Drift(decode=check_decode_s / ref_d if check_decode_s and ref_d else 1.0,
+                 prefill=check_prefill_s / ref_p if check_prefill_s and ref_p else 1.0)
+
+
+def at_check(device: GPUSpec, steps: Sequence[StepPoint], d: Drift, dtype: str = "bf16") -> tuple[GPUSpec, float]:
+    """The device fitted to the calibration's step times moved by ``d`` (decode steps times ``d.decode``, prompt
+    steps and chunked prompts times ``d.prefill``): the instance as it ran just before a load point, measured
+    unloaded, as the calibration is. On this 2-vCPU machine one engine start's steps can slow by half within
+    minutes (the committed full run's chunking-off instance: its batch-16 decode step 4.10 ms in the calibration,
+    6.00 ms in the neighbour test after it)."""
+    moved = [StepPoint(s.phase, s.tokens, s.batch, s.seconds * (d.decode if s.phase == "decode" else d.prefill), s.chunk)
+             for s in steps]
+    return fit_device(device, moved, dtype)
 
 
 def chunked_prefill_design(device: GPUSpec, tokens: int, chunk: int, dtype: str = "bf16") -> Design:
@@ -141,5 +176,5 @@ def decode_step_s(device: GPUSpec, context: int, batch: int = 1, dtype: str = "b
     return float(d.predict_s(device.efficiency)[0])
 
 
-__all__ = ["StepPoint", "capacity_rps", "chunked_prefill_design", "curve", "decode_step_s", "deployment", "fit_device",
-           "predict", "prefill_s", "split_transfer", "with_link"]
+__all__ = ["CHECK_PROMPT_TOKENS", "Drift", "StepPoint", "at_check", "capacity_rps", "chunked_prefill_design", "curve",
+           "decode_step_s", "deployment", "drift", "fit_device", "predict", "prefill_s", "split_transfer", "with_link"]

@@ -24,8 +24,9 @@ from ..microbench.results import Ceilings
 from .client import poisson_arrivals
 from .engine import CONFIGS
 from .model import prompt
-from .predict import StepPoint, capacity_rps, curve, fit_device, predict, prefill_s, split_transfer, with_link
-from .results import Calibration, Predicted, ServingReport
+from .predict import (Drift, StepPoint, at_check, capacity_rps, curve, drift, fit_device, predict, prefill_s,
+                      split_transfer, with_link)
+from .results import Calibration, LoadPoint, Predicted, ServingReport
 
 FALLBACK_MEMORY_BYTES = 16e9
 """RAM taken for a report that did not record it (those before 2026-12-04): the engine model's KV limit does not
@@ -79,9 +80,26 @@ def _refit(base: GPUSpec, calib: Calibration, dtype: str) -> tuple[Calibration, 
     return calib.model_copy(update={"efficiency": device.efficiency, "fit_rms_rel_error": rms}), device
 
 
+def _checks(points: list[LoadPoint], calib: Calibration, disaggregated: bool) -> list[tuple[float | None, float | None]]:
+    """Per load point of one configuration, its instance's unloaded (decode, prompt) step just before it: the
+    check the run recorded (1P1D: the decode step on its decode instance, the prompt on its prefill instance), or
+    for a run that recorded none, the neighbour test's decode step alone (after the calibration, before the first
+    point: ``Calibration.alone_decode_s``); 1P1D without checks: as calibrated (its calibration is another
+    instance's, and it ran no neighbour test)."""
+    if any(p.check_decode_s is not None or p.check_prefill_s is not None for p in points):
+        return [(p.check_decode_s, p.check_prefill_s) for p in points]
+    if disaggregated:
+        return [(None, None)] * len(points)
+    return [(calib.alone_decode_s, None)] * len(points)
+
+
 def reanalyse(report: ServingReport) -> ServingReport:
     """The report with every prediction made again (see the module docstring); ``predicted_by`` names this
-    pdplan and today's date."""
+    pdplan and today's date. Each point keeps the fraction of capacity the run offered it at (its plan:
+    ``runner.PLANS``), which chooses the points the accuracy bounds cover: a version that predicts a lower
+    capacity does not move its hardest points out of them."""
+    from .runner import PLANS
+
     unknown = sorted({c.config for c in report.calibrations} - set(CONFIGS)
                      | {p.config for p in report.points} - set(CONFIGS))
     if unknown:
@@ -121,12 +139,28 @@ def reanalyse(report: ServingReport) -> ServingReport:
         calib, device = devices[name]
         cap = capacity_rps(cfg, device, isl, osl, dtype=dtype)
         curves.append(curve(name, cfg, device, cap, calib.front_end_s(cfg), isl, osl, dtype))
-        for p in (p for p in report.points if p.config == name):
+        mine = [p for p in report.points if p.config == name]
+        checked = _checks(mine, calib, cfg.disaggregated)
+        plan = PLANS[report.quick][2]
+        planned = plan if len(mine) == len(plan) else [p.fraction_of_capacity for p in mine]
+        steps = [StepPoint(s.phase, s.tokens, s.batch, s.seconds, s.chunk) for s in calib.steps]
+        moved: dict[Drift, tuple[GPUSpec, float]] = {}
+        for p, (check_d, check_p), frac in zip(mine, checked, planned, strict=True):
             rate, replayed = arrivals[id(p)]
-            pred = Predicted.of(predict(cfg, device, rate, isl, osl, dtype), calib.front_end_s(cfg))
-            points.append(p.model_copy(update={"predicted": pred, "predicted_capacity_rps": cap,
-                                               "fraction_of_capacity": p.rate_rps / cap, "arrival_rate_rps": rate,
-                                               "arrival_rate_replayed": replayed}))
+            d = drift(steps, isl, check_d, check_p)
+            if d not in moved:
+                dev = device
+                if d != Drift():
+                    dev = at_check(base, steps, d, dtype)[0]
+                    if cfg.disaggregated:  # the connector's save as the run measured it
+                        dev = with_link(dev, isl, calib.save_s or 0.0, dtype)
+                moved[d] = (dev, capacity_rps(cfg, dev, isl, osl, dtype=dtype))
+            dev, cap_now = moved[d]
+            pred = Predicted.of(predict(cfg, dev, rate, isl, osl, dtype), calib.front_end_s(cfg))
+            points.append(p.model_copy(update={
+                "predicted": pred, "predicted_capacity_rps": cap, "fraction_of_capacity": frac,
+                "arrival_rate_rps": rate, "arrival_rate_replayed": replayed,
+                "capacity_at_check_rps": cap_now if d != Drift() else None}))
     last = next((c for c in calibrations if c.config == report.calibration.config), report.calibration)
     today = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     return report.model_copy(update={

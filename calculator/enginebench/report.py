@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .engine import CONFIGS
+from .predict import Drift, StepPoint, drift
 from .results import NEIGHBOUR_BATCH, LoadPoint, ServingReport
 
 METRICS = (("ttft_p50_s", "TTFT p50", 1e3, "ms"), ("ttft_p90_s", "TTFT p90", 1e3, "ms"),
@@ -34,10 +35,38 @@ def rel_error(predicted: float | None, measured: float | None) -> float | None:
     return predicted / measured - 1.0
 
 
+def _saturated(report: ServingReport, config: str) -> LoadPoint | None:
+    over = [p for p in report.points if p.config == config and p.fraction_of_capacity > 1.0]
+    return max(over, key=lambda p: p.measured.throughput_rps or 0.0) if over else None
+
+
 def saturation_rps(report: ServingReport, config: str) -> float | None:
     """The measured saturation rate: the sustained throughput of the point offered beyond the predicted capacity."""
-    over = [p for p in report.points if p.config == config and p.fraction_of_capacity > 1.0]
-    return max((p.measured.throughput_rps or 0.0) for p in over) if over else None
+    p = _saturated(report, config)
+    return None if p is None else (p.measured.throughput_rps or 0.0)
+
+
+def predicted_saturation_rps(report: ServingReport, config: str) -> float:
+    """pdplan's capacity for the point that measured the saturation, with the step times at the check before
+    it (``LoadPoint.capacity_for_saturation_rps``); as calibrated where there is no such point."""
+    p = _saturated(report, config)
+    if p is not None:
+        return p.capacity_for_saturation_rps
+    return next(p.predicted_capacity_rps for p in report.points if p.config == config)
+
+
+def step_drift(report: ServingReport, p: LoadPoint) -> Drift | None:
+    """How the instance's unloaded steps had moved from its calibration at the check the point was predicted
+    with (None: the point was predicted as calibrated)."""
+    if p.capacity_at_check_rps is None:
+        return None
+    c = next((c for c in report.calibrations if c.config == p.config), None)
+    if c is None:
+        return None
+    steps = [StepPoint(s.phase, s.tokens, s.batch, s.seconds, s.chunk) for s in c.steps]
+    if p.check_decode_s is None and p.check_prefill_s is None:  # a run before the checks: the neighbour test's
+        return drift(steps, report.isl, c.alone_decode_s, None)
+    return drift(steps, report.isl, p.check_decode_s, p.check_prefill_s)
 
 
 @dataclass(frozen=True)
@@ -103,7 +132,7 @@ def checks(report: ServingReport, widen: float = 1.0) -> list[Check]:
                          f"TTFT p50 {_fmt(a.ttft_p50_s)} vs {_fmt(b.ttft_p50_s)} ms at the lowest rate"))
     sat = {c: saturation_rps(report, c) for c in configs}
     if all(v is not None for v in sat.values()) and len(configs) > 1:
-        pred = {c: by[c][0].predicted_capacity_rps for c in configs}
+        pred = {c: predicted_saturation_rps(report, c) for c in configs}
         order_pred = sorted(configs, key=lambda c: pred[c])
         order_meas = sorted(configs, key=lambda c: sat[c])  # type: ignore[arg-type,return-value]
         out.append(Check("saturation order: predicted = measured", order_pred == order_meas,
@@ -137,7 +166,7 @@ def _summary(report: ServingReport) -> list[str]:
         row = [(key, e, b) for p, key, e, b in acc if p.config == cf]
 
         within = sum(e is not None and abs(e) <= b for _, e, b in row)
-        cap = next(p.predicted_capacity_rps for p in report.points if p.config == cf)
+        cap = predicted_saturation_rps(report, cf)
         lines.append(f"| {CONFIGS[cf].name} | {stat(row, 'p50')} | {stat(row, 'p90')} | {within} of {len(row)} | "
                      f"{_err(rel_error(cap, saturation_rps(report, cf)))} |")
     return lines
@@ -233,19 +262,25 @@ def markdown(report: ServingReport) -> str:
               ("Errors are predicted / measured − 1. Predicted TTFT includes the measured front end. pdplan predicts "
                "each point at the rate its requests arrived at (a Poisson sample of "
                f"{report.requests_per_point} strays from the offered rate by ~{report.requests_per_point ** -0.5:.0%}; "
-               "* replayed from the run's seed, not recorded by it)."), "",
-              "| config | offered req/s | arrived req/s | of capacity | load avg | "
+               "* replayed from the run's seed, not recorded by it). Each co-located point is predicted with the "
+              "instance's step times at the unloaded check just before it (its decode step and lone prompt over the "
+              "calibration's: the steps column; † the neighbour test's decode step, the last one a run without "
+              "checks took before its points), refitted; 1P1D's as calibrated."), "",
+              "| config | offered req/s | arrived req/s | of capacity | load avg | steps (decode, prompt) | "
               + " | ".join(f"{n} pred / meas (err)" for _, n, _, _ in METRICS)
               + " | ITL p90 pred / meas (err) | ITL p99 meas | throughput req/s | failed |",
-              "|" + "---|" * (9 + len(METRICS))]
+              "|" + "---|" * (10 + len(METRICS))]
     for p in report.points:
         cells = []
         for key, _, scale, _ in METRICS:
             pr, me = getattr(p.predicted, key), getattr(p.measured, key)
             cells.append(f"{_fmt(pr, scale)} / {_fmt(me, scale)} ms ({_err(rel_error(pr, me))})")
         arrived = "—" if p.arrival_rate_rps is None else f"{p.arrival_rate_rps:.2f}{'*' if p.arrival_rate_replayed else ''}"
+        dr = step_drift(report, p)
+        moved = "—" if dr is None else (f"{dr.decode:.2f}, {dr.prefill:.2f}"
+                                         + ("†" if p.check_decode_s is None and p.check_prefill_s is None else ""))
         lines.append(f"| {p.config_name} | {p.rate_rps:.2f} | {arrived} | {p.fraction_of_capacity:.2f} | {p.load_average:.2f} | "
-                     + " | ".join(cells) + f" | {_fmt(p.predicted.itl_p90_s)} / {_fmt(p.measured.itl_p90_s)} ms "
+                     f"{moved} | " + " | ".join(cells) + f" | {_fmt(p.predicted.itl_p90_s)} / {_fmt(p.measured.itl_p90_s)} ms "
                      f"({_err(rel_error(p.predicted.itl_p90_s, p.measured.itl_p90_s))}) | {_fmt(p.measured.itl_p99_s)} ms | "
                      f"{_fmt(p.measured.throughput_rps, 1)} | {p.measured.failed} |")
     lines += ["", "## What the engine did", "",
@@ -264,11 +299,15 @@ def markdown(report: ServingReport) -> str:
     configs = list(dict.fromkeys(p.config for p in report.points))
     sats = [(cf, saturation_rps(report, cf)) for cf in configs]
     if any(s is not None for _, s in sats):
-        lines += ["", "## Saturation", "", "| config | predicted capacity req/s | measured saturation req/s | error |",
-                  "|---|---|---|---|"]
+        lines += ["", "## Saturation", "",
+                  ("The measured saturation is compared with pdplan's capacity for the step times of the check "
+                   "just before that point (as calibrated where there was none)."), "",
+                  "| config | predicted capacity as calibrated req/s | at the check req/s | measured saturation req/s "
+                  "| error |", "|---|---|---|---|---|"]
         for cf, s in sats:
-            cap = next(p.predicted_capacity_rps for p in report.points if p.config == cf)
-            lines.append(f"| {CONFIGS[cf].name} | {cap:.2f} | {_fmt(s, 1)} | {_err(rel_error(cap, s))} |")
+            cap0 = next(p.predicted_capacity_rps for p in report.points if p.config == cf)
+            cap = predicted_saturation_rps(report, cf)
+            lines.append(f"| {CONFIGS[cf].name} | {cap0:.2f} | {cap:.2f} | {_fmt(s, 1)} | {_err(rel_error(cap, s))} |")
     ck = checks(report, widening(report))
     lines += ["", "## Checks", "", f"{sum(k.passed for k in ck)} of {len(ck)} pass.", "", "| check | | detail |",
               "|---|---|---|"]

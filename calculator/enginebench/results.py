@@ -157,7 +157,10 @@ class LoadPoint(_Record):
     config: str
     config_name: str
     rate_rps: float = Field(description="the offered Poisson rate")
-    fraction_of_capacity: float = Field(description="the offered rate / pdplan's predicted capacity")
+    fraction_of_capacity: float = Field(description=(
+        "the fraction of the predicted capacity the run offered this point at (its plan: 0.3, 0.6, 0.8 and 1.5, "
+        "quick 0.5 and 1.5); it chooses the points the accuracy bounds cover (up to 0.8), and reanalysis keeps "
+        "it, so a version that predicts a lower capacity does not move its hardest points out of them"))
     arrival_rate_rps: float | None = Field(default=None, description=(
         "the rate the point's requests were sent at: (requests - 1) / (last send - first send). A Poisson sample "
         "of 200 requests strays from the offered rate by ~7% (one standard deviation), which near capacity moves "
@@ -168,8 +171,25 @@ class LoadPoint(_Record):
     load_average: float = Field(description="the 1-minute load average, the larger of before and after the point")
     measured: Measured
     predicted: Predicted
-    predicted_capacity_rps: float
+    predicted_capacity_rps: float = Field(description="pdplan's capacity from the instance's calibration: what placed "
+                                          "the offered rates and what ``fraction_of_capacity`` divides by")
     engines: tuple[EngineStats, ...] = Field(default=(), description="per instance (1P1D: prefill, then decode)")
+    check_decode_s: float | None = Field(default=None, description=(
+        f"the instance's decode step of {NEIGHBOUR_BATCH} sequences at a 32-token prompt (median inter-token gap, "
+        "the calibration's own shape), measured unloaded just before this point. None: not measured (1P1D, and "
+        "runs before 2026-12-07, whose last unloaded decode step before the points is the neighbour test's)"))
+    check_prefill_s: float | None = Field(default=None, description=(
+        "the instance's lone prompt of the run's length (the engine's own prefill time), measured unloaded just "
+        "before this point. None: not measured"))
+    capacity_at_check_rps: float | None = Field(default=None, description=(
+        "pdplan's capacity with the step times at the check before this point (``predict.at_check``): what the "
+        "saturation is compared with. None where no check applies (then ``predicted_capacity_rps``)"))
+
+    @property
+    def capacity_for_saturation_rps(self) -> float:
+        """The capacity this point's measured throughput is compared with: at the check before it, else as
+        calibrated."""
+        return self.predicted_capacity_rps if self.capacity_at_check_rps is None else self.capacity_at_check_rps
 
     @property
     def predicted_at_rps(self) -> float:

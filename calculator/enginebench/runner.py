@@ -30,7 +30,8 @@ from .client import (
 )
 from .engine import CONFIGS, HOST, EngineConfig, Server, check_engine, free_port, server_argv
 from .model import ENGINE_MODEL, prompt, write_model
-from .predict import StepPoint, capacity_rps, curve, fit_device, predict, split_transfer, with_link
+from .predict import (CHECK_PROMPT_TOKENS, StepPoint, at_check, capacity_rps, curve, drift, fit_device, predict,
+                      split_transfer, with_link)
 from .results import (
     NEIGHBOUR_BATCH,
     Calibration,
@@ -99,6 +100,9 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
         tick("model and CPU ceilings")
         ceilings = _ceilings()
         dtype = ceilings.dtype  # bf16 where the CPU computes it natively, else fp32
+        from ..microbench.ceilings import device_spec
+
+        ceilings_device = device_spec(ceilings)  # the calibrations' and the checks' fits start from it
         model_dir = write_model(work / "model", seed=seed, dtype=dtype)
         device = None
         calib = None
@@ -134,22 +138,32 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
                     calibrations.append(calib)
                 cap = capacity_rps(cfg, dev, ISL, OSL, dtype=dtype)
                 curves.append(curve(name, cfg, dev, cap, calib.front_end_s(cfg), ISL, OSL, dtype))
+                measured = [StepPoint(s.phase, s.tokens, s.batch, s.seconds, s.chunk) for s in calib.steps]
+                check_rng = np.random.default_rng(seed + 1)  # its own draws: the run's prompts and arrivals stay put
                 for frac in fractions:
                     rate = frac * cap
                     tick(f"{cfg.name}: {rate:.1f} req/s")
                     prompts = [prompt(ISL, rng) for _ in range(n_req)]
+                    # the instances as they run now, unloaded (a start drifts within minutes): the decode step
+                    # on the instance that decodes, the lone prompt on the one that prefills
+                    check_d, check_p = _check(ports[-1], ports[0], check_rng)
+                    now = at_check(ceilings_device, measured, drift(measured, ISL, check_d, check_p), dtype)[0]
+                    if cfg.disaggregated:
+                        now = with_link(now, ISL, calib.save_s or 0.0, dtype)
+                    cap_now = capacity_rps(cfg, now, ISL, OSL, dtype=dtype)
                     load_before = _load()
                     before = _engine_counters(servers)
                     recs = asyncio.run(poisson_load(_sender(ports, cfg), prompts, ISL, OSL, rate, rng))
                     stats = _engine_stats(before, _engine_counters(servers))
                     arrived = arrival_rate_rps(recs)  # the sample's own rate: predicted at it
-                    pred = predict(cfg, dev, arrived or rate, ISL, OSL, dtype)
+                    pred = predict(cfg, now, arrived or rate, ISL, OSL, dtype)
                     points.append(LoadPoint(
                         config=name, config_name=cfg.name, rate_rps=rate, fraction_of_capacity=frac,
                         arrival_rate_rps=arrived,
                         load_average=max(load_before[0], _load()[0]),
                         measured=summarise(recs), predicted=Predicted.of(pred, calib.front_end_s(cfg)),
-                        predicted_capacity_rps=cap, engines=stats,
+                        predicted_capacity_rps=cap, engines=stats, check_decode_s=check_d,
+                        check_prefill_s=check_p, capacity_at_check_rps=cap_now,
                     ))
         tick("report")
         report = ServingReport(
@@ -341,6 +355,18 @@ NEIGHBOURS = {  # a process on the front-end core: one that streams memory, and 
                "while True: np.copyto(b, a)\n"),
     "compute": "x = 0\nwhile True: x += 1\n",
 }
+
+
+def _check(decode_port: int, prefill_port: int, rng: np.random.Generator) -> tuple[float, float]:
+    """(decode step, lone prompt) unloaded, s, at the shapes the calibration measured them: the median
+    inter-token gap of ``NEIGHBOUR_BATCH`` decodes of 32-token prompts (median of 3) on the instance that
+    decodes, and the engine's own time for a lone prompt of ``ISL`` tokens (median of 3) on the one that
+    prefills (1P1D: called directly, the decode instance's connector finds no saved KV and prefills the short
+    prompts itself). ~2 s."""
+    decode = statistics.median(asyncio.run(_decode_gaps(decode_port, NEIGHBOUR_BATCH, rng, CHECK_PROMPT_TOKENS))[0]
+                               for _ in range(3))
+    prefill = statistics.median(asyncio.run(_lone_prefill(prefill_port, ISL, rng))[1] for _ in range(3))
+    return decode, prefill
 
 
 def _neighbour_effect(port: int, rng: np.random.Generator) -> dict[str, float]:

@@ -262,7 +262,8 @@ def single_pool_arrays(pm: PoolModel | PoolRows, w: Workload, lam, p: float, bat
     b_cap = np.minimum(batch, limit)
     cv2 = w.isl.cv**2
     tpot_var, _ = tpot_tail(tpot, rho_x, lam, x_mean, cv2, w, slope, b_cap, p, extra_variance=start_variance)
-    tpot_full = np.broadcast_to(full_batch_tpot(pools, w, limit, x_mean if x_full is None else x_full), np.shape(tpot))
+    tpot_full = np.broadcast_to(full_batch_tpot(pools, w, limit, x_mean if x_full is None else x_full, own_steps),
+                                np.shape(tpot))
 
     # TTFT: the prompt queue (M/G/1, a prompt's whole time as service), the residual of the step in
     # progress, a batch slot (KV memory / batch cap) and the prompt's own time
@@ -439,16 +440,17 @@ def _prompt_wait(lam, service, t_d, p: float, batched, busy, w: Workload, slots,
     return tuple(np.where(bulk[0], b, a) for a, b in zip(fifo_q, bulk_q))  # type: ignore[return-value]
 
 
-def full_batch_tpot(pm: PoolModel | PoolRows, w: Workload, limit, x_mean) -> np.ndarray:
-    """The largest TPOT a request can see when the batch is capped (KV memory or max_batch): the
-    batch held full at L = floor(limit) sequences through its lifetime. A prompt then starts only
-    when a sequence leaves, so about (L - 1) / osl prompts land per output token:
-    TPOT_max = t_d(L) + (L - 1) x / osl, t_d(L) read from the step curve as ``full_batch_hold`` reads
-    it (the tangent at the mean batch overshot it on a concave MoE curve: 22.0 ms from B = 1 against
-    18.3 ms, so the ceiling fell as the load rose). It bounds the lognormal tail, which has no ceiling."""
+def full_batch_tpot(pm: PoolModel | PoolRows, w: Workload, limit, x_full, own_steps=1.0) -> np.ndarray:
+    """The largest TPOT a request can see when the batch is capped (KV memory or max_batch): the batch held
+    full at L = floor(limit) sequences through its lifetime (``formulas.full_batch_tpot``). A prompt then starts
+    only when a sequence leaves, so about (L - 1) / osl prompts land per output token, each adding ``x_full``
+    (in ``own_steps`` pieces where it spans several steps: then at most every step carries one). t_d(L) is
+    read from the step curve as ``full_batch_hold`` reads it (the tangent at the mean batch overshot it on a
+    concave MoE curve: 22.0 ms from B = 1 against 18.3 ms, so the ceiling fell as the load rose). It bounds the
+    lognormal tail, which has no ceiling."""
     full = np.maximum(np.floor(limit), 1.0)
     t_full = PoolRows.of(pm, 1).decode_steps(running_context(w), w, full)  # several pools: each row's own
-    return t_full + (full - 1) * x_mean / w.osl.mean
+    return f.full_batch_tpot(t_d=t_full, L_full=full, x_f=x_full, k_own=own_steps, n_out=w.osl.mean)
 
 
 def full_batch_hold(pm: PoolModel | PoolRows, w: Workload, own_steps, x_full, limit) -> np.ndarray:
@@ -460,7 +462,7 @@ def full_batch_hold(pm: PoolModel | PoolRows, w: Workload, own_steps, x_full, li
     t_full = steps.decode_steps(ctx, w, full)
     slope_full = t_full - steps.decode_steps(ctx, w, np.maximum(full - 1, 0.5))
     return f.full_batch_hold(k_own=own_steps, n_out=w.osl.mean, t_d=t_full, t_slope=slope_full, L_full=full, B=full,
-                             x_p=x_full)
+                             x_f=x_full)
 
 
 def _step_ttft(lam, t_d, tpot, x_mean, x_cv2: float, rho_x, p: float, x_q) -> tuple[np.ndarray, np.ndarray]:
