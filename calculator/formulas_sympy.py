@@ -690,15 +690,15 @@ full_batch_hold = _formula(
     "How long a request holds its slot while the batch runs full (a prompt starts only as a sequence leaves): "
     "its k_own prefill steps and n_out - 1 decode steps, each of a step over the L slots less the L k_own / "
     "(k_own + n_out - 1) that hold prompts in prefill (t_d(B) + t' (L - n_p - B) on the roofline's linear "
-    "stretch), plus the stall x_p of every prompt that starts in its time: its own and L - 1 others, one per "
+    "stretch), plus the stall x_f of every prompt that starts in its time: its own and L - 1 others, one per "
     "departure. On the long-prompt grid (Qwen3-30B-A3B, 6,000-token prompts, 13 slots) the simulated instance "
     "run full finishes 3.479 requests a second chunked (2,048-token budget) against 3.480 here (3.43 "
     "before, from the time share of prefill instead of the step share), and 3.456 with whole prompts against "
     "3.524: there the simulation runs 13.13 decodes on average and 8.6% more prompt steps than requests finish, "
     "as it lets a fourteenth prompt in beside a young batch and recomputes the sequence it preempts later. "
-    "The prompts' stalls are L x_p where a prompt runs in one step; one in k_own > 1 pieces rides in k_own steps, "
+    "The prompts' stalls are L x_f where a prompt runs in one step; one in k_own > 1 pieces rides in k_own steps, "
     "and no more than every step of the hold carries a piece (the pieces of L prompts need L k_own steps, more "
-    "than the hold has where the room beside a full batch is small); a negative x_p (a step with a prompt piece "
+    "than the hold has where the room beside a full batch is small); a negative x_f (a step with a prompt piece "
     "cheaper than the decode step alone: vLLM's CPU backend attends such a step in one kernel, fitted faster than "
     "its decode-only kernel) saves at most its difference on every step.",
 )
@@ -708,8 +708,8 @@ full_batch_tpot = _formula(
     "s",
     "The largest TPOT a request can see when the batch is capped (KV memory or the batch cap): the batch held "
     "full at L sequences through its lifetime, so about L - 1 prompts start in it, one per departure, each adding "
-    "its stall x_p; capped as in full_batch_hold where a prompt spans k_own > 1 steps (every step carries a piece "
-    "at most) or its stall is negative. A step with a piece is then at most every step: TPOT <= t_d + x_p / "
+    "its stall x_f; capped as in full_batch_hold where a prompt spans k_own > 1 steps (every step carries a piece "
+    "at most) or its stall is negative. A step with a piece is then at most every step: TPOT <= t_d + x_f / "
     "k_own, a real step's time (uncapped, a chunk-64 instance fitted to vLLM's CPU engine with 63 slots put its "
     "ceiling at -2.07 s: 256 two-token pieces a prompt, each step 8 ms under the decode step alone).",
 )

@@ -241,16 +241,17 @@ class Group:
                      self.formula, self.compute_s + other.compute_s, self.memory_s + other.memory_s,
                      self.latency_s + other.latency_s, self.communication)
 
-    def slower(self, other: Group) -> Group:
-        """Per element, whichever of this group and ``other`` (the same operator) takes longer."""
-        pick = np.asarray(other.time_s) > np.asarray(self.time_s)
+    def slower(self, floor: Group) -> Group:
+        """This group's work at, per element, the longer of its time and ``floor``'s (the same operator on part
+        of the work, in a slower kernel); its ceilings are the ones of whichever sets the time."""
+        pick = np.asarray(floor.time_s) > np.asarray(self.time_s)
 
         def choose(a, b):  # type: ignore[no-untyped-def]
             return np.where(pick, b, a)
 
-        return Group(self.name, choose(self.flops, other.flops), choose(self.bytes, other.bytes),
-                     choose(self.time_s, other.time_s), self.formula, choose(self.compute_s, other.compute_s),
-                     choose(self.memory_s, other.memory_s), choose(self.latency_s, other.latency_s), self.communication)
+        return Group(self.name, self.flops, self.bytes, choose(self.time_s, floor.time_s), self.formula,
+                     choose(self.compute_s, floor.compute_s), choose(self.memory_s, floor.memory_s),
+                     choose(self.latency_s, floor.latency_s), self.communication)
 
     def at(self, i: int) -> Group:
         """The group of the ``i``-th step of a 1-d sweep."""
@@ -404,7 +405,7 @@ def step_groups(
         if one_kernel or (share == 1.0 and v["beta_blk"] == 0):
             attention = _roofline("attention", (attn_flops + chunk_flops) / cp, (attn_bytes + chunk_bytes) / cp,
                                   rate, (1 if one_kernel else 2) * kernels, setup)
-            if one_kernel and share != 1.0:
+            if one_kernel:
                 # a step's work only grows with its prompt piece: the one kernel takes at least what the decodes
                 # alone take in a decode-only step (else a two-token piece beside 62 decodes made the step 8 ms
                 # cheaper than the decodes alone, and a prompt's stall on them negative)

@@ -66,7 +66,7 @@ def at_check(device: GPUSpec, steps: Sequence[StepPoint], d: Drift, dtype: str =
     """The device fitted to the calibration's step times moved by ``d`` (decode steps times ``d.decode``, prompt
     steps and chunked prompts times ``d.prefill``): the instance as it ran just before a load point, measured
     unloaded, as the calibration is. On this 2-vCPU machine one engine start's steps can slow by half within
-    minutes (the committed full run's chunking-off instance: its batch-16 decode step 4.10 ms in the calibration,
+    minutes (the 2026-12-02 run's chunking-off instance: its batch-16 decode step 4.10 ms in the calibration,
     6.00 ms in the neighbour test after it)."""
     moved = [StepPoint(s.phase, s.tokens, s.batch, s.seconds * (d.decode if s.phase == "decode" else d.prefill), s.chunk)
              for s in steps]

@@ -156,11 +156,12 @@ def reanalyse(report: ServingReport) -> ServingReport:
                         dev = with_link(dev, isl, calib.save_s or 0.0, dtype)
                 moved[d] = (dev, capacity_rps(cfg, dev, isl, osl, dtype=dtype))
             dev, cap_now = moved[d]
+            checked_here = d != Drift() or check_d is not None or check_p is not None
             pred = Predicted.of(predict(cfg, dev, rate, isl, osl, dtype), calib.front_end_s(cfg))
             points.append(p.model_copy(update={
                 "predicted": pred, "predicted_capacity_rps": cap, "fraction_of_capacity": frac,
                 "arrival_rate_rps": rate, "arrival_rate_replayed": replayed,
-                "capacity_at_check_rps": cap_now if d != Drift() else None}))
+                "capacity_at_check_rps": cap_now if checked_here else None}))
     last = next((c for c in calibrations if c.config == report.calibration.config), report.calibration)
     today = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     return report.model_copy(update={

@@ -250,6 +250,9 @@ def markdown(report: ServingReport) -> str:
         "",
         "![measured against predicted latency](plot.png)",
         "",
+        ("The plot's lines are pdplan's curves from each calibration as measured; the tables score each point's "
+         "own prediction, made at the check before it."),
+        "",
         "## Calibration (unloaded, same run)",
         "",
         (f"CPU ceilings on one thread: {report.matmul_gflops:.0f} GFLOP/s {report.dtype} matmul, {report.copy_gb_s:.1f} GB/s "
@@ -262,10 +265,11 @@ def markdown(report: ServingReport) -> str:
               ("Errors are predicted / measured − 1. Predicted TTFT includes the measured front end. pdplan predicts "
                "each point at the rate its requests arrived at (a Poisson sample of "
                f"{report.requests_per_point} strays from the offered rate by ~{report.requests_per_point ** -0.5:.0%}; "
-               "* replayed from the run's seed, not recorded by it). Each co-located point is predicted with the "
-              "instance's step times at the unloaded check just before it (its decode step and lone prompt over the "
-              "calibration's: the steps column; † the neighbour test's decode step, the last one a run without "
-              "checks took before its points), refitted; 1P1D's as calibrated."), "",
+               "* replayed from the run's seed, not recorded by it). Each point is predicted with the step times "
+              "at the unloaded check just before it (the decode step and the lone prompt over the calibration's: "
+              "the steps column; 1P1D: the decode step on its decode instance, the prompt on its prefill "
+              "instance), refitted; † a run without checks: the neighbour test's decode step, the last one it "
+              "took before its points; — as calibrated (1P1D of a run without checks)."), "",
               "| config | offered req/s | arrived req/s | of capacity | load avg | steps (decode, prompt) | "
               + " | ".join(f"{n} pred / meas (err)" for _, n, _, _ in METRICS)
               + " | ITL p90 pred / meas (err) | ITL p99 meas | throughput req/s | failed |",

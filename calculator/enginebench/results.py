@@ -171,16 +171,18 @@ class LoadPoint(_Record):
     load_average: float = Field(description="the 1-minute load average, the larger of before and after the point")
     measured: Measured
     predicted: Predicted
-    predicted_capacity_rps: float = Field(description="pdplan's capacity from the instance's calibration: what placed "
-                                          "the offered rates and what ``fraction_of_capacity`` divides by")
+    predicted_capacity_rps: float = Field(description="pdplan's capacity from the instance's calibration, as the pdplan "
+                                          "that made the predictions gives it (the run placed its offered rates at "
+                                          "the planned fractions of the capacity it predicted then)")
     engines: tuple[EngineStats, ...] = Field(default=(), description="per instance (1P1D: prefill, then decode)")
     check_decode_s: float | None = Field(default=None, description=(
         f"the instance's decode step of {NEIGHBOUR_BATCH} sequences at a 32-token prompt (median inter-token gap, "
-        "the calibration's own shape), measured unloaded just before this point. None: not measured (1P1D, and "
-        "runs before 2026-12-07, whose last unloaded decode step before the points is the neighbour test's)"))
+        "the calibration's own shape), measured unloaded just before this point on the instance that decodes (1P1D: "
+        "its decode instance). None: not measured (runs before 2026-12-07, whose last unloaded decode step before "
+        "the points is the neighbour test's; 1P1D in the first run of 2026-12-07)"))
     check_prefill_s: float | None = Field(default=None, description=(
-        "the instance's lone prompt of the run's length (the engine's own prefill time), measured unloaded just "
-        "before this point. None: not measured"))
+        "the lone prompt of the run's length (the engine's own prefill time) on the instance that prefills, "
+        "measured unloaded just before this point. None: not measured"))
     capacity_at_check_rps: float | None = Field(default=None, description=(
         "pdplan's capacity with the step times at the check before this point (``predict.at_check``): what the "
         "saturation is compared with. None where no check applies (then ``predicted_capacity_rps``)"))
