@@ -1330,16 +1330,17 @@ tpot_batch_variance = Formula(
 
 
 def _chunked_last_step_shared(S_k: Any, lambda_: Any, n_c: Any, t_C: Any) -> Any:
-    return functools.reduce(numpy.minimum, [1, S_k*lambda_/(lambda_*(S_k - n_c*t_C) + 1)])
+    _s0 = (S_k - n_c*t_C)
+    return numpy.select([numpy.less_equal(lambda_*_s0, -1),True], [1,functools.reduce(numpy.minimum, [1, S_k*lambda_/(lambda_*_s0 + 1)])], default=numpy.nan)
 
 
 chunked_last_step_shared = Formula(
     name="chunked_last_step_shared",
     section="queueing and serving",
     unit="1",
-    doc="Probability that a prompt of several chunks leaves another waiting as its last, part-filled chunk runs, which then fills the rest of that step: the prompt queue's load lambda S_w (an M/G/1 departure leaves someone behind with probability rho), with S_w = S_k - P (S_k - n t_C / (C - B)) the busy time that itself depends on it (``chunked_prompt_busy``), solved for P; 1 where the full chunks alone saturate the queue (lambda n t_C / (C - B) = 1).",
+    doc="Probability that a prompt of several chunks leaves another waiting as its last, part-filled chunk runs, which then fills the rest of that step: the prompt queue's load lambda S_w (an M/G/1 departure leaves someone behind with probability rho), with S_w = S_k - P (S_k - n t_C / (C - B)) the busy time that itself depends on it (``chunked_prompt_busy``), solved for P; 1 where the full chunks alone saturate the queue (lambda n t_C / (C - B) = 1), and beyond, where the denominator is no longer positive (the root there was negative, and so the prompt's busy time: a chunk-64 instance with 63 slots, one token of room beside a full batch, called overloaded at 8 req/s with a utilisation of 0.65 and a prompt queue at -3.1).",
     args=("S_k", "lambda", "n_c", "t_C"),
-    latex="\\min\\left(1, \\frac{S_{k} \\lambda}{\\lambda \\left(S_{k} - n_{c} t_{C}\\right) + 1}\\right)",
+    latex="\\begin{cases} 1 & \\text{for}\\: \\lambda \\left(S_{k} - n_{c} t_{C}\\right) \\leq -1 \\\\\\min\\left(1, \\frac{S_{k} \\lambda}{\\lambda \\left(S_{k} - n_{c} t_{C}\\right) + 1}\\right) & \\text{otherwise} \\end{cases}",
     fn=_chunked_last_step_shared,
     symbol_table=SYMBOL_TABLE,
 )

@@ -759,13 +759,15 @@ P_sh = _sym("P_sh", "probability that another prompt waits to fill a chunked pro
             r"P_{sh}")
 chunked_last_step_shared = _formula(
     "chunked_last_step_shared",
-    sp.Min(1, lam * S_k / (1 + lam * (S_k - n_c * t_C))),
+    sp.Piecewise((1, 1 + lam * (S_k - n_c * t_C) <= 0), (sp.Min(1, lam * S_k / (1 + lam * (S_k - n_c * t_C))), True)),
     "1",
     "Probability that a prompt of several chunks leaves another waiting as its last, part-filled chunk runs, "
     "which then fills the rest of that step: the prompt queue's load lambda S_w (an M/G/1 departure leaves "
     "someone behind with probability rho), with S_w = S_k - P (S_k - n t_C / (C - B)) the busy time that "
     "itself depends on it (``chunked_prompt_busy``), solved for P; 1 where the full chunks alone saturate "
-    "the queue (lambda n t_C / (C - B) = 1).",
+    "the queue (lambda n t_C / (C - B) = 1), and beyond, where the denominator is no longer positive (the root "
+    "there was negative, and so the prompt's busy time: a chunk-64 instance with 63 slots, one token of room "
+    "beside a full batch, called overloaded at 8 req/s with a utilisation of 0.65 and a prompt queue at -3.1).",
 )
 chunked_prompt_busy = _formula(
     "chunked_prompt_busy",

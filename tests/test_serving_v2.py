@@ -1017,6 +1017,24 @@ def test_stall_batches_are_geometric_with_the_borel_dispersion():
         assert geometric == pytest.approx(_borel_slot_chain(*row), rel=0.03)
 
 
+def test_a_chunked_prompt_leaves_another_waiting_at_most_always():
+    """``chunked_last_step_shared``: P = lambda S_k / (1 + lambda (S_k - n t_C)), solved from the prompt queue's
+    load, is a probability. Where the full chunks alone saturate the queue the denominator reaches 0 and beyond;
+    there P is 1 (the root was negative, and with it the prompt's busy time: a chunk-64 instance with 63 slots,
+    one token of room beside a full batch, was called overloaded at 8 req/s with a utilisation of 0.65 and a
+    prompt queue at -3.1; now 102, the prompt queue at that room)."""
+    from calculator import formulas as f
+
+    def shared(lam, s_k, n, t_c):
+        return float(f.chunked_last_step_shared(**{"lambda": lam, "S_k": s_k, "n_c": n, "t_C": t_c}))
+
+    # 3 steps of 40 ms, 2.93 full steps of 41 ms, 5 prompts a second: 5 x 0.12 / (1 + 5 x (0.12 - 0.12013))
+    assert shared(5.0, 0.120, 2.93, 0.041) == pytest.approx(5 * 0.120 / (1 + 5 * (0.120 - 2.93 * 0.041)))
+    assert shared(20.0, 0.120, 2.93, 0.041) == 1.0  # lambda S_k > 1: capped at 1
+    assert shared(8.0, 12.0, 512.0, 0.0248) == 1.0  # 1 + 8 (12 - 12.7) < 0: the full chunks saturate it
+    assert shared(0.0, 12.0, 512.0, 0.0248) == 0.0  # no arrivals, nobody left waiting
+
+
 def test_a_full_batch_carries_a_prompt_piece_in_every_step_at_most():
     """The full batch's TPOT ceiling and hold count L - 1 (or L) prompt stalls x, one prompt per departure. A
     prompt in k > 1 pieces rides in k steps at x / k each, and no step carries more than one piece, so the
