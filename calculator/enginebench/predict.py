@@ -23,7 +23,7 @@ from ..microbench.fit import Design, design, fit_efficiency
 from ..serving import Deployment, Evaluation, Pool, Workload, evaluate
 from .engine import MAX_NUM_SEQS, EngineConfig
 from .model import ENGINE_MODEL
-from .results import NEIGHBOUR_BATCH, Curve, Predicted
+from .results import NEIGHBOUR_BATCH, Calibration, Curve, LoadPoint, Predicted
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,25 @@ class StepPoint:
     batch: int
     seconds: float
     chunk: int | None = None
+
+
+def measured_steps(calib: Calibration) -> list[StepPoint]:
+    """A calibration's recorded step times as the fit takes them."""
+    return [StepPoint(s.phase, s.tokens, s.batch, s.seconds, s.chunk) for s in calib.steps]
+
+
+def point_checks(points: Sequence[LoadPoint], calib: Calibration, disaggregated: bool
+                 ) -> list[tuple[float | None, float | None]]:
+    """Per load point of one configuration, its instance's unloaded (decode, prompt) step just before it: the
+    check the run recorded (1P1D: the decode step on its decode instance, the prompt on its prefill instance), or
+    for a run that recorded none, the neighbour test's decode step alone (after the calibration, before the first
+    point: ``Calibration.alone_decode_s``); 1P1D without checks: as calibrated (its calibration is another
+    instance's, and it ran no neighbour test)."""
+    if any(p.check_decode_s is not None or p.check_prefill_s is not None for p in points):
+        return [(p.check_decode_s, p.check_prefill_s) for p in points]
+    if disaggregated:
+        return [(None, None)] * len(points)
+    return [(calib.alone_decode_s, None)] * len(points)
 
 
 CHECK_PROMPT_TOKENS = 32
@@ -177,4 +196,4 @@ def decode_step_s(device: GPUSpec, context: int, batch: int = 1, dtype: str = "b
 
 
 __all__ = ["CHECK_PROMPT_TOKENS", "Drift", "StepPoint", "at_check", "capacity_rps", "chunked_prefill_design", "curve",
-           "decode_step_s", "deployment", "drift", "fit_device", "predict", "prefill_s", "split_transfer", "with_link"]
+           "decode_step_s", "deployment", "drift", "fit_device", "measured_steps", "point_checks", "predict", "prefill_s", "split_transfer", "with_link"]

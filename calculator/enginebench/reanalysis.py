@@ -24,9 +24,9 @@ from ..microbench.results import Ceilings
 from .client import poisson_arrivals
 from .engine import CONFIGS
 from .model import prompt
-from .predict import (Drift, StepPoint, at_check, capacity_rps, curve, drift, fit_device, predict, prefill_s,
-                      split_transfer, with_link)
-from .results import Calibration, LoadPoint, Predicted, ServingReport
+from .predict import (Drift, at_check, capacity_rps, curve, drift, fit_device, measured_steps, point_checks, predict,
+                      prefill_s, split_transfer, with_link)
+from .results import Calibration, Predicted, ServingReport
 
 FALLBACK_MEMORY_BYTES = 16e9
 """RAM taken for a report that did not record it (those before 2026-12-04): the engine model's KV limit does not
@@ -75,22 +75,8 @@ def _arrival_rates(report: ServingReport) -> list[tuple[float, bool]]:
 
 
 def _refit(base: GPUSpec, calib: Calibration, dtype: str) -> tuple[Calibration, GPUSpec]:
-    points = [StepPoint(s.phase, s.tokens, s.batch, s.seconds, s.chunk) for s in calib.steps]
-    device, rms = fit_device(base, points, dtype)
+    device, rms = fit_device(base, measured_steps(calib), dtype)
     return calib.model_copy(update={"efficiency": device.efficiency, "fit_rms_rel_error": rms}), device
-
-
-def _checks(points: list[LoadPoint], calib: Calibration, disaggregated: bool) -> list[tuple[float | None, float | None]]:
-    """Per load point of one configuration, its instance's unloaded (decode, prompt) step just before it: the
-    check the run recorded (1P1D: the decode step on its decode instance, the prompt on its prefill instance), or
-    for a run that recorded none, the neighbour test's decode step alone (after the calibration, before the first
-    point: ``Calibration.alone_decode_s``); 1P1D without checks: as calibrated (its calibration is another
-    instance's, and it ran no neighbour test)."""
-    if any(p.check_decode_s is not None or p.check_prefill_s is not None for p in points):
-        return [(p.check_decode_s, p.check_prefill_s) for p in points]
-    if disaggregated:
-        return [(None, None)] * len(points)
-    return [(calib.alone_decode_s, None)] * len(points)
 
 
 def reanalyse(report: ServingReport) -> ServingReport:
@@ -140,10 +126,10 @@ def reanalyse(report: ServingReport) -> ServingReport:
         cap = capacity_rps(cfg, device, isl, osl, dtype=dtype)
         curves.append(curve(name, cfg, device, cap, calib.front_end_s(cfg), isl, osl, dtype))
         mine = [p for p in report.points if p.config == name]
-        checked = _checks(mine, calib, cfg.disaggregated)
+        checked = point_checks(mine, calib, cfg.disaggregated)
         plan = PLANS[report.quick][2]
         planned = plan if len(mine) == len(plan) else [p.fraction_of_capacity for p in mine]
-        steps = [StepPoint(s.phase, s.tokens, s.batch, s.seconds, s.chunk) for s in calib.steps]
+        steps = measured_steps(calib)
         moved: dict[Drift, tuple[GPUSpec, float]] = {}
         for p, (check_d, check_p), frac in zip(mine, checked, planned, strict=True):
             rate, replayed = arrivals[id(p)]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .engine import CONFIGS
-from .predict import Drift, StepPoint, drift
+from .predict import Drift, drift, measured_steps, point_checks
 from .results import NEIGHBOUR_BATCH, LoadPoint, ServingReport
 
 METRICS = (("ttft_p50_s", "TTFT p50", 1e3, "ms"), ("ttft_p90_s", "TTFT p90", 1e3, "ms"),
@@ -63,10 +63,9 @@ def step_drift(report: ServingReport, p: LoadPoint) -> Drift | None:
     c = next((c for c in report.calibrations if c.config == p.config), None)
     if c is None:
         return None
-    steps = [StepPoint(s.phase, s.tokens, s.batch, s.seconds, s.chunk) for s in c.steps]
-    if p.check_decode_s is None and p.check_prefill_s is None:  # a run before the checks: the neighbour test's
-        return drift(steps, report.isl, c.alone_decode_s, None)
-    return drift(steps, report.isl, p.check_decode_s, p.check_prefill_s)
+    mine = [q for q in report.points if q.config == p.config]
+    check_d, check_p = point_checks(mine, c, CONFIGS[p.config].disaggregated)[mine.index(p)]
+    return drift(measured_steps(c), report.isl, check_d, check_p)
 
 
 @dataclass(frozen=True)

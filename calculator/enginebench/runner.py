@@ -30,8 +30,8 @@ from .client import (
 )
 from .engine import CONFIGS, HOST, EngineConfig, Server, check_engine, free_port, server_argv
 from .model import ENGINE_MODEL, prompt, write_model
-from .predict import (CHECK_PROMPT_TOKENS, StepPoint, at_check, capacity_rps, curve, drift, fit_device, predict,
-                      split_transfer, with_link)
+from .predict import (CHECK_PROMPT_TOKENS, StepPoint, at_check, capacity_rps, curve, drift, fit_device,
+                      measured_steps, predict, split_transfer, with_link)
 from .results import (
     NEIGHBOUR_BATCH,
     Calibration,
@@ -138,7 +138,7 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
                     calibrations.append(calib)
                 cap = capacity_rps(cfg, dev, ISL, OSL, dtype=dtype)
                 curves.append(curve(name, cfg, dev, cap, calib.front_end_s(cfg), ISL, OSL, dtype))
-                measured = [StepPoint(s.phase, s.tokens, s.batch, s.seconds, s.chunk) for s in calib.steps]
+                measured = measured_steps(calib)
                 check_rng = np.random.default_rng(seed + 1)  # its own draws: the run's prompts and arrivals stay put
                 for frac in fractions:
                     rate = frac * cap
