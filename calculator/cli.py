@@ -1516,8 +1516,9 @@ def _reanalyse_serving(src: Path, out_dir: Path, as_json: bool) -> None:
     except OSError as e:
         raise InputError("reanalyse", f"cannot read {path} ({e.strerror or e})") from None
     except ValidationError as e:
+        first = e.errors()[0]
         raise InputError("reanalyse", f"{path} is not a serving report ({e.error_count()} errors; first at "
-                                      f"{'.'.join(map(str, e.errors()[0]['loc'])) or 'the top'})") from None
+                                      f"{'.'.join(map(str, first['loc'])) or 'the top'}: {first['msg']})") from None
     try:
         report = reanalyse(report)
     except ValueError as e:

@@ -582,6 +582,13 @@ def test_reanalyse_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureF
     assert "is not a serving report" in capsys.readouterr().err
     assert main(["validate", "--serving", "--reanalyse", str(tmp_path / "missing")]) == EXIT_INPUT
     assert "cannot read" in capsys.readouterr().err
+    # a check before a point is a step time: a tampered one names the field and why
+    bad = json.loads((TODAY_RUNS[0] / "report.json").read_text(encoding="utf-8"))
+    bad["points"][0]["check_decode_s"] = -0.004
+    (tmp_path / "neg").mkdir()
+    (tmp_path / "neg" / "report.json").write_text(json.dumps(bad), encoding="utf-8")
+    assert main(["validate", "--serving", "--reanalyse", str(tmp_path / "neg")]) == EXIT_INPUT
+    assert "points.0.check_decode_s: Input should be greater than 0" in capsys.readouterr().err
     # a well-formed report of configurations this version does not run: a clear error, not a crash
     odd = _committed().model_copy(update={"points": tuple(p.model_copy(update={"config": "chunk999"})
                                                           for p in _committed().points)})

@@ -175,15 +175,15 @@ class LoadPoint(_Record):
                                           "that made the predictions gives it (the run placed its offered rates at "
                                           "the planned fractions of the capacity it predicted then)")
     engines: tuple[EngineStats, ...] = Field(default=(), description="per instance (1P1D: prefill, then decode)")
-    check_decode_s: float | None = Field(default=None, description=(
+    check_decode_s: float | None = Field(default=None, gt=0, description=(
         f"the instance's decode step of {NEIGHBOUR_BATCH} sequences at a 32-token prompt (median inter-token gap, "
         "the calibration's own shape), measured unloaded just before this point on the instance that decodes (1P1D: "
         "its decode instance). None: not measured (runs before 2026-12-07, whose last unloaded decode step before "
         "the points is the neighbour test's; 1P1D in the first run of 2026-12-07)"))
-    check_prefill_s: float | None = Field(default=None, description=(
+    check_prefill_s: float | None = Field(default=None, gt=0, description=(
         "the lone prompt of the run's length (the engine's own prefill time) on the instance that prefills, "
         "measured unloaded just before this point. None: not measured"))
-    capacity_at_check_rps: float | None = Field(default=None, description=(
+    capacity_at_check_rps: float | None = Field(default=None, gt=0, description=(
         "pdplan's capacity with the step times at the check before this point (``predict.at_check``): what the "
         "saturation is compared with. None where no check applies (then ``predicted_capacity_rps``)"))
 
