@@ -183,7 +183,7 @@ class LoadPoint(_Record):
     check_prefill_s: float | None = Field(default=None, gt=0, description=(
         "the lone prompt of the run's length (the engine's own prefill time) on the instance that prefills, "
         "measured unloaded just before this point. None: not measured"))
-    capacity_at_check_rps: float | None = Field(default=None, gt=0, description=(
+    capacity_at_check_rps: float | None = Field(default=None, ge=0, description=(
         "pdplan's capacity with the step times at the check before this point (``predict.at_check``): what the "
         "saturation is compared with. None where no check applies (then ``predicted_capacity_rps``)"))
 
