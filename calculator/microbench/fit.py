@@ -188,10 +188,14 @@ def _overheads(roof: np.ndarray, kernels: np.ndarray, y: np.ndarray,
 
 def _nonneg_lstsq(a: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row of ``z`` (cells x points): x >= 0 minimising |a x - z|^2 (``a``: points x k, k small), and that
-    sum. Exact: every subset of free coordinates is solved (the others held at 0) and the best feasible kept."""
+    sum. Exact: every subset of free coordinates is solved (the others held at 0) and the best feasible kept.
+    Subsets that fit equally well (collinear columns: one kernel count for every step, so a kernel latency and a
+    step overhead explain the same times) keep the first in an order of fewest columns, the last column first:
+    whatever the last bits of the arithmetic (which differ between CPUs' vector units), the fit takes the step
+    overhead over the kernel latency there, not one on one machine and the other on the next."""
     k = a.shape[1]
     best_x, best = np.zeros((z.shape[0], k)), (z * z).sum(axis=1)
-    for mask in range(1, 2**k):
+    for mask in sorted(range(1, 2**k), key=lambda m: (bin(m).count("1"), -m)):
         cols = [j for j in range(k) if mask >> j & 1]
         sub = a[:, cols]
         if np.linalg.matrix_rank(sub) < len(cols):
@@ -199,7 +203,7 @@ def _nonneg_lstsq(a: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]
         xs = (np.linalg.pinv(sub) @ z.T).T  # cells x |cols|
         r = xs @ sub.T - z
         val = (r * r).sum(axis=1)
-        better = np.all(xs >= 0, axis=1) & (val < best)
+        better = np.all(xs >= 0, axis=1) & (val < best * (1 - 1e-9))
         x = np.zeros_like(best_x)
         x[:, cols] = xs
         best_x = np.where(better[:, None], x, best_x)
