@@ -917,22 +917,27 @@ def _print_launch(launch: Any) -> None:
 
 
 PoolOpt = Annotated[str | None, typer.Option(metavar="GPU[:tpN][:ppN][:xN]",
-                                             help="the one pool of a mixed or chunked deployment, e.g. h200-sxm:tp4:x7")]
+                                             help="the one pool of a mixed or chunked deployment, e.g. h200-sxm:tp4:x7; "
+                                                  "also dpN, epN, cpN, and :balanced for attention-DP ranks that take "
+                                                  "their prompts in the same steps")]
 _POOL_PART = re.compile(r"^(tp|pp|dp|ep|cp|x)([0-9]+)$")
 
 
 def parse_pool(text: str, name: str, weight_dtype: str, kv_dtype: str) -> dict[str, Any]:
     """A ``Pool``'s fields from 'h100-sxm:tp2:x3' or 'h200-sxm:dp8:ep8' (tp, pp, dp, ep and instances
-    default to 1)."""
+    default to 1; ':balanced' sets ``dp_balance``: the attention-DP ranks take their prompts in the same steps)."""
     from .errors import InputError
 
     gpu, *parts = text.split(":")
     fields: dict[str, Any] = {"gpu": gpu, "weight_dtype": weight_dtype, "kv_dtype": kv_dtype}
     for part in parts:
+        if part == "balanced" and gpu:
+            fields["dp_balance"] = True
+            continue
         m = _POOL_PART.match(part)
         if not gpu or m is None:
-            raise InputError(name, f"cannot read {text!r} as GPU[:tpN][:ppN][:dpN][:epN][:cpN][:xN] (e.g. h100-sxm:tp2:x3, "
-                                   "h200-sxm:dp8:ep8)")
+            raise InputError(name, f"cannot read {text!r} as GPU[:tpN][:ppN][:dpN][:epN][:cpN][:xN][:balanced] (e.g. "
+                                   "h100-sxm:tp2:x3, h200-sxm:dp8:ep8)")
         fields[{"tp": "tp", "pp": "pp", "dp": "dp", "ep": "ep", "cp": "cp", "x": "instances"}[m.group(1)]] = int(m.group(2))
     return fields
 

@@ -157,6 +157,10 @@ SYMBOL_TABLE: dict[str, tuple[str, str, str]] = {
     "t_C": ("t_{C}", "a step that carries a full chunk", "s"),
     "P_sh": ("P_{sh}", "probability that another prompt waits to fill a chunked prompt's part-filled last step", "1"),
     "Delta_B": ("\\Delta B", "rise of the decode batch while prompts are queued", "sequences"),
+    "n_dp": ("n_{dp}", "attention data-parallel ranks that step together, each admitting its own prompts", "ranks"),
+    "q_own": ("q", "share of one rank's steps that carry its own prompt work", "1"),
+    "q_any": ("q_{any}", "share of the steps in which some rank carries prompt work", "1"),
+    "F_k": ("F_{k}", "probability that one rank carries at most k prompts in a step", "1"),
     "t_own": ("t_{own}", "duration of the step that carries a request's own (whole) prompt", "s"),
     "b_n": ("\\bar{b}_{n}", "mean over requests of (1 + rho + ... + rho^(n-1)) / n, n its gaps (0 for none)", "1"),
     "b_n2": ("\\bar{b}^{(2)}_{n}", "mean over requests of ((1 + rho + ... + rho^(n-1)) / n)^2", "1"),
@@ -1411,6 +1415,54 @@ token_weighted_tpot = Formula(
 )
 
 
+def _dp_busy_steps(n_dp: Any, q_own: Any) -> Any:
+    return 1 - (1 - q_own)**n_dp
+
+
+dp_busy_steps = Formula(
+    name="dp_busy_steps",
+    section="queueing and serving",
+    unit="1",
+    doc="Share of the steps that carry prompt work on some rank, where n attention data-parallel ranks step together (the MoE dispatch and combine join them every layer, so a step lasts as long as its slowest rank's) and each admits its own prompts, independently, in a share q of its steps (vLLM's and SGLang's data-parallel attention, TensorRT-LLM's without attention_dp_config.enable_balance). A prompt on one rank stretches the step of all: TensorRT-LLM measured the iteration time as the maximum over the ranks and 1.33x the throughput once the ranks take their prompts in the same steps (DeepSeek-V3 on 8 GB200, blog10_ADP_Balance_Strategy). For n = 1 it is q.",
+    args=("n_dp", "q_own"),
+    latex="1 - \\left(1 - q\\right)^{n_{dp}}",
+    fn=_dp_busy_steps,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _dp_busiest_exceeds(F_k: Any, n_dp: Any) -> Any:
+    return 1 - F_k**n_dp
+
+
+dp_busiest_exceeds = Formula(
+    name="dp_busiest_exceeds",
+    section="queueing and serving",
+    unit="1",
+    doc="Probability that the busiest of n ranks carries more than k whole prompts in a step, each carrying at most k with probability F_k (independently: each rank's prompts that arrived during the step before, Poisson with mean lambda T, up to the prompts its token budget holds, m). Summed over k = 0 ... m - 1 it is the mean prompt count of the busiest rank, E[max_r min(K_r, m)], which takes the place of q_any in ``dp_mean_step`` for whole prompts (hybrid and prefill-first steps): the step waits for the rank that took the most. For one rank the sum is E[min(K, m)], lambda T while the budget holds them all.",
+    args=("F_k", "n_dp"),
+    latex="1 - F_{k}^{n_{dp}}",
+    fn=_dp_busiest_exceeds,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
+def _dp_mean_step(q_any: Any, t_b: Any, t_d: Any) -> Any:
+    return q_any*(t_b - t_d) + t_d
+
+
+dp_mean_step = Formula(
+    name="dp_mean_step",
+    section="queueing and serving",
+    unit="s",
+    doc="Mean step of a rank that waits for the others: a plain decode step t_d, or a step of t_b wherever some rank carries prompt work (share q_any, ``dp_busy_steps``). Its own share q = lambda (S_w / t_b) T counts its prompts' busy steps per step of that mean length, so T solves T = t_d + (t_b - t_d) q_any(lambda S_w T / t_b) on [t_d, t_b] for chunked pieces (one root: the right side is concave in T and ends below t_b); for whole prompts the busiest rank's count (``dp_busiest_exceeds``) stands for q_any, on [t_d, t_d + (t_b - t_d) m]. For one rank it is t_d / (1 - lambda S_w (t_b - t_d) / t_b), the token-weighted TPOT without the batch's rise.",
+    args=("q_any", "t_b", "t_d"),
+    latex="q_{any} \\left(t_{b} - t_{d}\\right) + t_{d}",
+    fn=_dp_mean_step,
+    symbol_table=SYMBOL_TABLE,
+)
+
+
 def _bulk_start_stall(TPOT: Any, b_n: Any, rho_p: Any, t_own: Any) -> Any:
     return b_n*rho_p*(-TPOT + t_own)
 
@@ -1619,6 +1671,9 @@ FORMULAS: dict[str, Formula] = {f.name: f for f in (
     chunked_prompt_steps,
     busy_batch_rise,
     token_weighted_tpot,
+    dp_busy_steps,
+    dp_busiest_exceeds,
+    dp_mean_step,
     bulk_start_stall,
     bulk_start_variance,
     wait_plus_own_quantile,

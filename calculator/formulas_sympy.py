@@ -804,6 +804,46 @@ token_weighted_tpot = _formula(
     "rho_b, duration t_b, batch B + (1 - rho_b) Delta B) and plain decode steps (t_d, batch B - rho_b Delta B). "
     "With Delta B = 0 it is t_d / (1 - rho_x); the correlation of long steps with a large batch raises it.",
 )
+n_dp = _sym("n_dp", "attention data-parallel ranks that step together, each admitting its own prompts", "ranks",
+            "n_{dp}")
+q_own = _sym("q_own", "share of one rank's steps that carry its own prompt work", "1", "q")
+q_any = _sym("q_any", "share of the steps in which some rank carries prompt work", "1", r"q_{any}")
+dp_busy_steps = _formula(
+    "dp_busy_steps",
+    1 - (1 - q_own) ** n_dp,
+    "1",
+    "Share of the steps that carry prompt work on some rank, where n attention data-parallel ranks step together "
+    "(the MoE dispatch and combine join them every layer, so a step lasts as long as its slowest rank's) and each "
+    "admits its own prompts, independently, in a share q of its steps (vLLM's and SGLang's data-parallel "
+    "attention, TensorRT-LLM's without attention_dp_config.enable_balance). A prompt on one rank stretches the "
+    "step of all: TensorRT-LLM measured the iteration time as the maximum over the ranks and 1.33x the "
+    "throughput once the ranks take their prompts in the same steps (DeepSeek-V3 on 8 GB200, blog10_ADP_Balance_"
+    "Strategy). For n = 1 it is q.",
+)
+F_k = _sym("F_k", "probability that one rank carries at most k prompts in a step", "1", "F_{k}")
+dp_busiest_exceeds = _formula(
+    "dp_busiest_exceeds",
+    1 - F_k**n_dp,
+    "1",
+    "Probability that the busiest of n ranks carries more than k whole prompts in a step, each carrying at most k "
+    "with probability F_k (independently: each rank's prompts that arrived during the step before, Poisson with "
+    "mean lambda T, up to the prompts its token budget holds, m). Summed over k = 0 ... m - 1 it is the mean "
+    "prompt count of the busiest rank, E[max_r min(K_r, m)], which takes the place of q_any in ``dp_mean_step`` "
+    "for whole prompts (hybrid and prefill-first steps): the step waits for the rank that took the most. For one "
+    "rank the sum is E[min(K, m)], lambda T while the budget holds them all.",
+)
+dp_mean_step = _formula(
+    "dp_mean_step",
+    t_d + q_any * (t_b - t_d),
+    "s",
+    "Mean step of a rank that waits for the others: a plain decode step t_d, or a step of t_b wherever some rank "
+    "carries prompt work (share q_any, ``dp_busy_steps``). Its own share q = lambda (S_w / t_b) T counts its "
+    "prompts' busy steps per step of that mean length, so T solves T = t_d + (t_b - t_d) q_any(lambda S_w T / t_b) "
+    "on [t_d, t_b] for chunked pieces (one root: the right side is concave in T and ends below t_b); for whole "
+    "prompts the busiest rank's count (``dp_busiest_exceeds``) stands for q_any, on [t_d, t_d + (t_b - t_d) m]. "
+    "For one rank it is t_d / (1 - lambda S_w (t_b - t_d) / t_b), the token-weighted TPOT without the batch's "
+    "rise.",
+)
 t_own = _sym("t_own", "duration of the step that carries a request's own (whole) prompt", "s", r"t_{own}")
 b_n = _sym("b_n", "mean over requests of (1 + rho + ... + rho^(n-1)) / n, n its gaps (0 for none)", "1",
            r"\bar{b}_{n}")

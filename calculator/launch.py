@@ -200,6 +200,15 @@ def _dynamo(m: ModelSpec, path: str, d: Deployment, pool: Pool, role: str, port:
                       command=shlex.join(argv), port=port)
 
 
+def _unbalanced_note(pool: Pool, role: str, where: str, engine: str, notes: list[str]) -> None:
+    """A note where the plan took the attention-DP ranks' prompts as balanced (``Pool.dp_balance``) and the
+    engine has no such setting: its ranks admit their own prompts, and its steps wait for each other's."""
+    if pool.dp_balance and role != "decode":
+        notes.append(f"{where}: the plan takes the attention-DP ranks' prompts as balanced (dp_balance), which "
+                     f"{engine} does not do: each rank admits its own prompts and every step waits for the slowest "
+                     "rank, so its decodes stall more than planned; evaluate with dp_balance=false")
+
+
 def _vllm_engine_args(m: ModelSpec, d: Deployment, pool: Pool, role: str, notes: list[str],
                       max_model_len: int) -> list[str]:
     """vLLM's engine flags for one pool (what ``vllm serve`` and a Dynamo vLLM worker both take)."""
@@ -213,6 +222,7 @@ def _vllm_engine_args(m: ModelSpec, d: Deployment, pool: Pool, role: str, notes:
         argv += ["--pipeline-parallel-size", str(pool.pp)]
     if pool.dp > 1:
         argv += ["--data-parallel-size", str(pool.dp)]
+        _unbalanced_note(pool, role, where, "vLLM", notes)
     if pool.ep > 1:
         argv += ["--enable-expert-parallel"]  # vLLM spreads the experts over every GPU of the instance (dp x tp)
     if pool.cp > 1:
@@ -273,6 +283,7 @@ def _sglang(m: ModelSpec, path: str, d: Deployment, pool: Pool, role: str, port:
         argv += ["--pp-size", str(pool.pp)]
     if pool.dp > 1:  # SGLang's DP attention: tp-size counts every GPU, attn-dp-size the attention ranks
         argv += ["--attn-dp-size", str(pool.dp)]
+        _unbalanced_note(pool, role, where, "SGLang", notes)
     if pool.ep > 1:
         argv += ["--ep-size", str(pool.ep)]
     argv += _precision(m, pool, where, notes, "SGLang", "fp8_e4m3")
@@ -326,6 +337,9 @@ def _trtllm(m: ModelSpec, path: str, d: Deployment, pool: Pool, role: str, port:
     config: dict[str, object] = {}
     if pool.dp > 1:
         config["enable_attention_dp"] = True
+        if pool.dp_balance and role != "decode":  # the ranks take their prompts in the same steps (the values
+            # of TensorRT-LLM's DeepSeek-R1 perf-overview options, docs/source/developer-guide/perf-overview.md)
+            config["attention_dp_config"] = {"enable_balance": True, "timeout_iters": 60, "batching_wait_iters": 0}
     if pool.kv_dtype == "fp8":
         config["kv_cache_config"] = {"dtype": "fp8"}
     elif pool.kv_dtype not in ("bf16", "fp16"):

@@ -57,6 +57,9 @@ class Measurement:
     static_batch: int | None
     dp: int = 1
     """Attention data-parallel ranks (TensorRT-LLM's DEP rows: their tp column is the attention-DP size)."""
+    dp_balance: bool = False
+    """The attention-DP ranks took their prompts in the same steps: the perf-overview's DeepSeek-R1 options set
+    ``attention_dp_config.enable_balance`` (``offline_throughput``)."""
 
     @property
     def num_gpus(self) -> int:
@@ -97,6 +100,8 @@ def load_measurements(path: str | Path = MEASUREMENTS_FILE) -> list[Measurement]
         out.append(Measurement(
             id=r["id"], source=r["source"], model=model, gpu=gpu, tp=1 if dep else int(r["tp"]),
             dp=int(r["tp"]) if dep else 1, ep=int(r["ep"] or 1),
+            # the perf-overview's DeepSeek-R1 options (same commit) balance the ranks' prompts
+            dp_balance=dep and "developer-guide/perf-overview.md" in str(r["source"]),
             isl=int(r["isl"]), osl=int(r["osl"]), weight_dtype=_dtype(r["weights_dtype"]),
             kv_dtype=_kv_dtype(str(r["kv_dtype"]), str(r["model"])),
             metric=r["metric"], value=float(r["value"]), static_batch=int(batch.group(1)) if batch else None,
@@ -112,5 +117,6 @@ def predict(meas: Measurement, gpu: GPUSpec | None = None) -> float:
     if meas.metric == "first_token_latency":
         return 1e3 * float(step_time_s(step_groups(setup, S=meas.isl, P=0, b=1, phase="prefill"), setup))
     cap = DEP_RANK_MAX_BATCH.get(meas.gpu, 2048) * meas.dp if meas.dp > 1 else 2048
-    total = offline_throughput(setup, meas.isl, meas.osl, batch=meas.static_batch, engine_max_batch=cap)
+    total = offline_throughput(setup, meas.isl, meas.osl, batch=meas.static_batch, engine_max_batch=cap,
+                               dp_balance=meas.dp_balance)
     return total if meas.metric == "max_output_throughput_total" else total / meas.num_gpus

@@ -313,7 +313,7 @@ def _mla_dims(m: ModelSpec, phase: Phase) -> tuple[float, float]:
 
 def step_groups(
     setup: Setup, S: ArrayLike, P: ArrayLike, b: ArrayLike, phase: Phase,
-    chunk: tuple[ArrayLike, ...] | None = None,
+    chunk: tuple[ArrayLike, ...] | None = None, prompt_ranks: float | None = None,
 ) -> list[Group]:
     """Operator groups of one forward step of ``b`` requests with ``S`` new and ``P`` cached tokens each.
 
@@ -321,6 +321,12 @@ def step_groups(
     to the same step (a Sarathi hybrid iteration): weights are read once for all tokens, and the chunk
     re-reads the KV its earlier chunks wrote. ``chunk=(S_c, P_c, b_c)`` adds ``b_c`` such chunks (several
     prompts batched into one step, each of S_c new tokens after P_c cached ones).
+
+    ``prompt_ranks`` (attention data-parallelism): how many of the dp ranks carry such prompt tokens (a
+    prefill's, or the chunks') in this step, the others running only their decodes; the routed experts, spread
+    over all dp ranks' GPUs, see the prompt tokens of those ranks alone: a GPU's routed work is its decodes' plus
+    prompt_ranks / dp of its prompt tokens (its own attention, dense and shared-expert work, and its dispatch,
+    keep them all). None (or dp): every rank runs the same step.
     """
     m, v = setup.model, setup.values
     S = np.asarray(S, dtype=float)
@@ -368,11 +374,16 @@ def step_groups(
         Lm = m.num_moe_layers
         imbalance = setup.expert_imbalance if setup.ep > 1 else 1.0
         routed = m.moe.experts_per_token * setup.expert_params_each * imbalance
-        touched = f.expected_experts_touched(v, T=T * setup.dp)
+        T_r = T  # tokens whose routed work one GPU does
+        if prompt_ranks is not None and setup.dp > 1 and prompt_ranks < setup.dp:
+            prompt = (b * S / cp if phase == "prefill" else 0.0) + b_c * S_c / cp
+            T_r = T - prompt + prompt * max(float(prompt_ranks), 1.0) / setup.dp
+        touched = f.expected_experts_touched(v, T=T_r * setup.dp)
         w_moe = v["b_w"] * (touched * setup.expert_params_each * Lm / setup.dp + setup.moe_fixed_params) / tp
         groups.append(_roofline(
             "moe",
-            f.gemm_flops(v, N_lin=(routed * Lm + setup.moe_fixed_params) / tp, T=T),
+            f.gemm_flops(v, N_lin=(routed * Lm + setup.moe_fixed_params) / tp, T=T) if T_r is T else
+            f.gemm_flops(v, N_lin=routed * Lm / tp, T=T_r) + f.gemm_flops(v, N_lin=setup.moe_fixed_params / tp, T=T),
             w_moe + f.gemm_activation_bytes(v, T=T, X_io=setup.io_width_moe * Lm),
             gemm_peak, KERNELS_PER_LAYER["moe"] * Lm, setup, tokens=T, graph=graph, weight_bytes=w_moe,
         ))

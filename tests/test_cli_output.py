@@ -207,6 +207,8 @@ def test_sweep_plan_needs_no_value_for_the_varied_input():
     (["sweep", "--vary", "batch", "--values", "1", "estimate", "llama-3.1-8b", "h100-sxm", "--bogus"],
      "No such option: --bogus"),
     (["evaluate", "llama-3.1-8b", "--rate", "1", "--pool", "h100-sxm:tq2"], "pool: cannot read 'h100-sxm:tq2'"),
+    (["evaluate", "deepseek-v3", "--rate", "1", "--pool", "h200-sxm:dp8:balance"],
+     "pool: cannot read 'h200-sxm:dp8:balance' as GPU[:tpN][:ppN][:dpN][:epN][:cpN][:xN][:balanced]"),
     (["evaluate", "llama-3.1-8b", "--rate", "1", "--prefill", "h100-sxm"], "decode: a disaggregated deployment needs"),
     (["evaluate", "llama-3.1-8b", "--rate", "1"], "pool: give --pool"),
     (["evaluate", "llama-3.1-8b", "--rate", "1", "--pool", "h100-sxm", "--ttft", "2s"], "tpot: an SLO needs both"),
@@ -256,6 +258,22 @@ def test_evaluate_takes_the_itl_target_joint_attainment_and_the_scheduler():
     first = json.loads(_run(*args, "--scheduler", "prefill_first", "--json"))
     assert first["itl_by_percentile_s"]["99"] > hybrid["itl_by_percentile_s"]["99"] > 0
     _run(*args[:-2], "--attainment", "both", code=2)
+
+
+def test_a_pool_takes_balanced_attention_dp_ranks():
+    """``--pool h200-sxm:dp8:ep8:balanced``: the library's evaluate with ``dp_balance`` (the ranks' prompts taken
+    together), whose decodes wait less than those of ranks on their own."""
+    args = ["evaluate", "deepseek-v3", "--rate", "4", "--isl", "2000", "--osl", "200", "--weight-dtype", "fp8",
+            "--kv-dtype", "fp8", "--json", "--pool"]
+    w = pc.Workload(rate=4, isl=2000, osl=200)
+    out = {}
+    for text, balanced in (("h200-sxm:dp8:ep8:balanced", True), ("h200-sxm:dp8:ep8", False)):
+        body = json.loads(_run(*args, text))
+        e = pc.evaluate("deepseek-v3", {"mode": "mixed", "pool": {"gpu": "h200-sxm", "dp": 8, "ep": 8, "dp_balance": balanced,
+                                                                  "weight_dtype": "fp8", "kv_dtype": "fp8"}}, w)
+        assert body["tpot_by_percentile_s"]["50"] == pytest.approx(e.tpot_s(50), rel=1e-9)
+        out[balanced] = e.tpot_s(50)
+    assert out[False] > 1.3 * out[True]
 
 
 def test_an_overloaded_deployment_exits_1():

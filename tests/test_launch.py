@@ -175,7 +175,7 @@ TRTLLM_SERVE_OPTIONS = frozenset({
 """Options of ``trtllm-serve`` (its click command in NVIDIA/TensorRT-LLM tensorrt_llm/commands/serve.py,
 1.x). TensorRT-LLM needs a GPU to install, so its parser cannot run here; the emitted flags are
 checked against these names instead."""
-TRTLLM_CONFIG_KEYS = frozenset({"enable_attention_dp", "kv_cache_config", "speculative_config",
+TRTLLM_CONFIG_KEYS = frozenset({"enable_attention_dp", "attention_dp_config", "kv_cache_config", "speculative_config",
                                 "cache_transceiver_config", "disable_overlap_scheduler"})
 """``--config`` YAML keys pdplan writes: fields of TensorRT-LLM's ``LlmArgs`` (tensorrt_llm/llmapi/llm_args.py)."""
 
@@ -351,3 +351,23 @@ def test_k8s_manifests_validate_against_the_kubernetes_schema() -> None:
     bad["spec"] = {**bad["spec"], "replicas": "three"}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(bad, "1.30", strict=True)
+
+
+def test_balanced_attention_dp_ranks_set_tensorrt_llms_balance_and_warn_elsewhere() -> None:
+    """A mixed DeepSeek pool planned with the ranks' prompts balanced (``dp_balance``): TensorRT-LLM gets the
+    attention_dp_config of its own DeepSeek-R1 perf-overview options; vLLM and SGLang have no such setting, so
+    their commands carry a note; an unbalanced pool gets neither."""
+    import yaml
+
+    def pool(balanced: bool) -> pc.Deployment:
+        return pc.Deployment(mode="mixed", pool=pc.Pool(gpu="h200-sxm", dp=8, ep=8, dp_balance=balanced,
+                                                        weight_dtype="fp8", kv_dtype="fp8"))
+
+    trt = to_launch("deepseek-v3", pool(True), "trtllm")
+    config = yaml.safe_load(trt.files[_flag(trt.pools[0].argv, "--config")])
+    assert config["attention_dp_config"] == {"enable_balance": True, "timeout_iters": 60, "batching_wait_iters": 0}
+    plain = to_launch("deepseek-v3", pool(False), "trtllm")
+    assert "attention_dp_config" not in yaml.safe_load(plain.files[_flag(plain.pools[0].argv, "--config")])
+    for engine in ("vllm", "sglang"):
+        assert any("dp_balance" in n for n in to_launch("deepseek-v3", pool(True), engine).notes)
+        assert not any("dp_balance" in n for n in to_launch("deepseek-v3", pool(False), engine).notes)

@@ -62,6 +62,12 @@ class Pool(BaseModel):
                       "tokens are split over them (ring attention) and every sequence's KV is sharded over them")
     expert_imbalance: float = Field(default=DEFAULT_EXPERT_IMBALANCE, ge=1.0, le=16.0, description="with ep > 1: "
                                     "routed tokens on the busiest GPU / the mean (1.2: with expert load balancing)")
+    dp_balance: bool = Field(
+        default=False, description="dp > 1, mixed and chunked modes: the ranks take their prompts in the same steps "
+        "(TensorRT-LLM's attention_dp_config.enable_balance), so a rank's decodes are stalled by its own prompts "
+        "alone (the wait for the other ranks is not counted in TTFT); false (vLLM, SGLang, TensorRT-LLM's default): "
+        "each rank admits its own prompts and every step lasts as long as the slowest rank's, so a prompt on any "
+        "rank stalls the decodes of all")
     instances: Count = Field(default=1, ge=1, le=10_000)
     max_batch: Count = Field(default=DEFAULT_BATCH_CAP, ge=1, le=16_384, description="engine cap on concurrent "
                              "sequences (per attention data-parallel rank: each runs a scheduler of its own)")
@@ -88,6 +94,12 @@ class Pool(BaseModel):
     def micro_batches(self) -> int:
         """Micro-batches in flight on the same GPUs: pp when pipelined, else 1."""
         return self.pp if self.pipelined else 1
+
+    @property
+    def coupled_ranks(self) -> int:
+        """Attention data-parallel ranks whose prompts stall one another's steps in a pool that prefills and
+        decodes (``dp_busy_steps``): dp, or 1 where they take their prompts together (``dp_balance``)."""
+        return 1 if self.dp_balance else self.dp
 
     @property
     def engines(self) -> int:
@@ -262,7 +274,9 @@ class PoolModel:
         """Time of one engine step with ``decodes`` running sequences at a mean ``context`` (modes' domain)."""
         c = self._tokens(context)
         if self.pool.spec is None:
-            groups = step_groups(self.setup, S=1, P=np.maximum(c - 1, 0), b=decodes, phase="decode", chunk=chunk)
+            # a step's prompt pieces are its rank's alone where the attention-DP ranks take their prompts apart
+            groups = step_groups(self.setup, S=1, P=np.maximum(c - 1, 0), b=decodes, phase="decode", chunk=chunk,
+                                 prompt_ranks=1.0 if chunk is not None and self.pool.coupled_ranks > 1 else None)
         else:
             groups = speculative_groups(self.setup, self.pool.spec, decodes, c, chunk=chunk)
         return step_time_s(groups, self.setup)
@@ -788,7 +802,7 @@ def queue_wait(rate, service: PrefillService, servers, p, batched=False,
 
 
 def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=None,
-              ca2: float = 1.0, slots: SlotQueue | None = None, bulk=None, shift=None, cells=None
+              ca2: float = 1.0, slots: SlotQueue | None = None, bulk=None, shift=None, cells=None, other=None
               ) -> tuple[np.ndarray, np.ndarray]:
     """(mean, p-quantile) of a prompt's wait for its own step on an instance that also decodes; with
     ``slots``, the p-quantile of its whole wait, for its step or for a batch slot (``with_slot_wait``), and the
@@ -814,19 +828,23 @@ def step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s=N
     P(W > x) = (1 - P_w) max(0, 1 - x / t_d) + P_w E[exp(-((x - D)+ / s)^k)], D the shift.
     ``cells`` (a mask that broadcasts to the result): computed there alone, NaN elsewhere, each cell's figures those
     of the whole call (a plan's hybrid rows take each cell's wait from the FIFO or the bulk form, not both).
+    ``other``: (share, s) where the prompt's rank steps with other attention data-parallel ranks that prefill on
+    their own (``DPSteps``): that share of the time its own queue is empty goes to other ranks' prompt steps of
+    that length, whose rest (uniform) it waits out as well; it joins the positive waits (P_w grows by it, and
+    their mean and second moment by a uniform rest of such a step).
     """
     if cells is not None:
-        return _step_wait_on(cells, rate, service, step_s, p, batched, busy_s, ca2, slots, bulk, shift)
-    return _step_wait(rate, service, step_s, p, batched, busy_s, ca2, slots, bulk, shift)
+        return _step_wait_on(cells, rate, service, step_s, p, batched, busy_s, ca2, slots, bulk, shift, other)
+    return _step_wait(rate, service, step_s, p, batched, busy_s, ca2, slots, bulk, shift, other=other)
 
 
 def _step_wait_on(cells, rate, service: PrefillService, step_s, p: float, batched, busy_s, ca2: float,
-                  slots: SlotQueue | None, bulk, shift) -> tuple[np.ndarray, np.ndarray]:
+                  slots: SlotQueue | None, bulk, shift, other=None) -> tuple[np.ndarray, np.ndarray]:
     """``step_wait`` at the cells of the mask ``cells`` alone (NaN elsewhere): every input cut to them, and the
     slot wait counted in the quantile wherever it is in the whole call (``matters``), so each cell's figures are
     the whole call's."""
     parts = [rate, step_s, batched, service.mean_s, service.second_moment_s2, service.quantile_s,
-             *(() if busy_s is None else (busy_s,)), *(shift or ()), *(bulk or ()),
+             *(() if busy_s is None else (busy_s,)), *(shift or ()), *(bulk or ()), *(other or ()),
              *(() if slots is None else slots.__dict__.values())]
     shape = np.broadcast_shapes(np.shape(cells), *(np.shape(a) for a in parts))
     cells = np.broadcast_to(cells, shape)
@@ -843,12 +861,13 @@ def _step_wait_on(cells, rate, service: PrefillService, step_s, p: float, batche
         on(step_s), p, on(batched, bool), None if busy_s is None else on(busy_s), ca2,
         None if slots is None else SlotQueue(*(on(x) for x in slots.__dict__.values())),
         None if bulk is None else (on(bulk[0], bool), *(on(a) for a in bulk[1:])),
-        None if shift is None else tuple(on(a) for a in shift), matters)
+        None if shift is None else tuple(on(a) for a in shift), matters,
+        None if other is None else tuple(on(a) for a in other))
     return mean_out, q_out
 
 
 def _step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s, ca2: float, slots: SlotQueue | None,
-               bulk, shift, matters: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+               bulk, shift, matters: bool | None = None, other=None) -> tuple[np.ndarray, np.ndarray]:
     """``step_wait`` over every cell; ``matters``: whether the slot wait counts in the quantiles (where None, as
     the slots say)."""
     rate = np.asarray(rate, dtype=float)
@@ -887,6 +906,15 @@ def _step_wait(rate, service: PrefillService, step_s, p: float, batched, busy_s,
         weights, shifts = joiner_weights(join_tau, join_mean, join_most)
         joined = np.where(join_most < JOINERS, (weights * shifts).sum(axis=0), join_tau * join_mean)
         wq = np.where(where, pw_b * theta_b + (1 - pw_b) * joined, wq)
+    if other is not None:  # other ranks' prompt steps in the time the own queue is empty: waits of a uniform rest
+        share, long_s = (np.asarray(a, dtype=float) for a in other)
+        extra = (1 - pw) * np.clip(share, 0.0, 1.0)
+        second = pw * theta**2 * (1 + cv2) + extra * long_s**2 / 3
+        positive = pw * theta + extra * long_s / 2
+        wq = wq + extra * long_s / 2
+        pw = np.clip(pw + extra, 1e-12, 1.0)
+        theta = np.where(ok, np.maximum(positive / pw, 1e-12), 1.0)
+        cv2 = np.where(ok, np.maximum(second / pw / theta**2 - 1, 0.0), cv2)
     lags = np.zeros((1,) + np.broadcast(pw, theta).shape)
     if shift is not None:
         mid, width = (np.where(ok, np.asarray(a, dtype=float), 0.0) for a in shift)
@@ -1162,17 +1190,20 @@ def weibull_shape(cv2) -> tuple[np.ndarray, np.ndarray]:
     return k, np.interp(k, _WEIBULL_K, _WEIBULL_INV_GAMMA)
 
 
-def seen(grid: np.ndarray, table: np.ndarray) -> np.ndarray:
+def seen(grid: np.ndarray, table: np.ndarray, more=1.0) -> np.ndarray:
     """The step time a decoding request sees at a mean batch B: t_d(B + 1), since it decodes with
     itself plus the others, and the others of an M/G/infinity batch are Poisson with mean B (the
     size-biased batch). Matters at small batches, where one sequence more is a large share (an
-    MoE at B = 1.5 touches twice the experts of B = 1)."""
+    MoE at B = 1.5 touches twice the experts of B = 1). ``more`` (per row where the table has rows): the
+    sequences the request adds to the batch the step is timed at, 1 / n where n attention data-parallel
+    ranks step together at their mean batch (``Pool.coupled_ranks``: the routed experts serve them all)."""
     table = np.asarray(table, dtype=float)
+    more = np.broadcast_to(np.asarray(more, dtype=float).reshape(-1), (1 if table.ndim == 1 else len(table),))
     if table.ndim == 1:
-        return np.interp(grid + 1, grid, table)
+        return np.interp(grid + more[0], grid, table)
     if grid.ndim == 2:  # a grid per row (``PoolRows``)
-        return np.stack([np.interp(g + 1, g, row) for g, row in zip(grid, table)])
-    return np.stack([np.interp(grid + 1, grid, row) for row in table])
+        return np.stack([np.interp(g + a, g, row) for g, row, a in zip(grid, table, more)])
+    return np.stack([np.interp(grid + a, grid, row) for row, a in zip(table, more)])
 
 
 def decode_fixed_point(pm: PoolModel, context: float, rate, osl_mean: float, inflation, limit: float

@@ -27,7 +27,7 @@ from hardware_db.schema import ModelSpec
 
 from .. import formulas as f
 from .base import Deployment, ModeArrays, PoolModel, PrefillService, decode_step_at, first_root, seen
-from .chunked import analyse_budgets, busy_tpot, first_row, single_pool_arrays
+from .chunked import DPSteps, analyse_budgets, busy_tpot, first_row, single_pool_arrays
 from .workload import Workload, running_context
 
 
@@ -54,20 +54,34 @@ def prefill_first(pm: PoolModel, w: Workload, total_rate: np.ndarray, p: float, 
     grid, table = pm.decode_table(ctx, limit)
     cv2 = sp_.cs2
     lam2 = lam[:, None]
-    tpot_grid = busy_tpot(lam2, grid[None, :], seen(grid, table)[None, :], lam2 * sp_.mean_s, sp_.mean_s, np.inf, cv2,
-                          w.arrival_cv**2)
+    ranks = float(pm.pool.coupled_ranks)  # attention-DP ranks that wait for each other's prompt steps
+    holds = max(1.0, float(max_batched_tokens // max(w.isl.mean * (1 - w.prefix_hit), 1.0)))  # prompts a step takes
+    # where the ranks step together, one rank's prompt step runs beside the others' decodes, as long as a step
+    # that carries the prompt (its rank's alone) and the decodes, and a decoding request adds 1 / ranks to the
+    # batch the step is timed at
+    new_tokens, cached = w.isl.mean * (1 - w.prefix_hit), w.isl.mean * w.prefix_hit
+    own_grid = np.asarray(pm.step_s(grid, ctx, new_tokens, cached))[None, :] if ranks > 1 else sp_.mean_s
+    tpot_grid = busy_tpot(lam2, grid[None, :], seen(grid, table, 1 / ranks)[None, :], lam2 * own_grid, own_grid,
+                          np.inf, cv2, w.arrival_cv**2, ranks=ranks, prompt_step_s=own_grid, holds=holds)
     batch = first_root(grid, grid[None, :] - lam2 * w.osl.mean * tpot_grid)
     b_cap = np.minimum(batch, limit)
     t_d = decode_step_at(pm, ctx, limit, b_cap)
     slope = decode_step_at(pm, ctx, limit, b_cap + 1) - t_d
-    tpot = busy_tpot(lam, b_cap, t_d + slope, rho_p, sp_.mean_s, np.inf, cv2, w.arrival_cv**2)
+    seen_s = t_d + slope if ranks == 1 else decode_step_at(pm, ctx, limit, b_cap + 1 / ranks)
+    # a prompt's own step: its prefill alone, or beside the other ranks' decodes where the ranks step together
+    own_s = np.full(lam.shape, sp_.mean_s) if ranks == 1 else np.asarray(pm.step_s(b_cap, ctx, new_tokens, cached))
+    scale = own_s / sp_.mean_s
+    rho_p = lam * own_s
+    tpot = busy_tpot(lam, b_cap, seen_s, rho_p, own_s, np.inf, cv2, w.arrival_cv**2, ranks=ranks,
+                     prompt_step_s=own_s, holds=holds)
+    dp = DPSteps.of(rho_p, seen_s, own_s, ranks, holds) if ranks > 1 else None
     a = single_pool_arrays(
         pm, w, lam[None], p, batch[None], np.array([[limit]]), t_d[None], tpot[None], rho_p[None], rho_p[None],
-        np.full((1, lam.size), sp_.mean_s), np.full((1, lam.size), sp_.mean_s), np.full((1, lam.size), sp_.mean_s),
-        np.full((1, lam.size), sp_.quantile_s), slope[None], piece_s=sp_.mean_s + t_d[None],
+        own_s[None], own_s[None], own_s[None], (sp_.quantile_s * scale)[None], slope[None], piece_s=own_s[None] + t_d[None],
         stall_gap_share=(lam * tpot)[None], batched=np.full((1, lam.size), max_batched_tokens >= 2 * w.isl.mean),
         interference="prefill interference", joint=joint, own_steps=0.0,
-        prompt_s=lambda q: sp_.mean_s * PrefillService.of(pm, w, q).quantile_s / PrefillService.of(pm, w, q).mean_s)
+        prompt_s=lambda q: own_s * PrefillService.of(pm, w, q).quantile_s / PrefillService.of(pm, w, q).mean_s,
+        dp=None if dp is None else DPSteps(*(np.asarray(x)[None] for x in dp.__dict__.values())), ranks=ranks)
     return first_row(a)
 
 

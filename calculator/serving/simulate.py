@@ -19,7 +19,8 @@ fixed-point approximations alone. The engine it plays:
   to it at random, 1 / N_d of them) that admits under its KV capacity and decodes.
 
 A mixed or chunked deployment of N instances is simulated as one instance at rate / N (random
-routing). Per request it records TTFT (arrival to first token), TPOT (the mean gap between its
+routing); the attention data-parallel ranks of one instance that wait for each other's prompts
+(``Pool.coupled_ranks``) run in lock-step (``run_lockstep``), each step as long as the slowest rank's. Per request it records TTFT (arrival to first token), TPOT (the mean gap between its
 output tokens) and every inter-token gap (ITL). The first 10% of requests warm the system up and
 are not measured; arrivals continue until every measured request has finished.
 """
@@ -130,12 +131,78 @@ def run_engine(pm: PoolModel, policy: Policy, arrivals: np.ndarray, prompt: np.n
     admission (its first token came from the prefill pool). Returns (first-token time, finish time,
     trace) per request; TTFT in the trace is measured from ``arrivals``.
     """
+    steps = _engine_steps(pm, policy, arrivals, prompt, cached, osl, measured, token_budget, max_batch,
+                          kv_capacity_bytes)
+    step_time = _StepTimes(pm)
+    try:
+        kind, value = next(steps)
+        while True:  # alone, a step lasts its own time and an idle engine waits for its next arrival
+            kind, value = steps.send(step_time(*value) if kind == "step" else value)
+    except StopIteration as done:
+        return done.value
+
+
+def run_lockstep(pm: PoolModel, policy: Policy, ranks: int, arrivals: np.ndarray, prompt: np.ndarray,
+                 cached: np.ndarray, osl: np.ndarray, measured: np.ndarray, token_budget: int, seed: int = 0) -> Trace:
+    """``ranks`` attention data-parallel ranks of one instance that step together (``Pool.coupled_ranks``):
+    a router sends each request to a rank at random, each rank schedules its own requests as ``run_engine``
+    does, and every step lasts as long as the slowest rank's (the MoE dispatch and combine join them every
+    layer); a rank with nothing to run sits the step out. A rank's step is timed at the ranks' mean decode
+    batch (the routed experts every GPU reads serve all ranks' tokens; ``PoolModel`` steps are per rank as if
+    every rank ran the same step), with its own context and prompt work (a prompt is its rank's alone:
+    ``step_groups(prompt_ranks=1)``). The trace pools the ranks' requests and gaps."""
+    rank_of = np.random.default_rng(seed + 3).integers(0, ranks, arrivals.size)
+    gens = []
+    for r in range(ranks):
+        ix = np.flatnonzero(rank_of == r)
+        gens.append(_engine_steps(pm, policy, arrivals[ix], prompt[ix], cached[ix], osl[ix], measured[ix],
+                                  token_budget, None, None))
+    traces: list[Trace | None] = [None] * ranks
+    msgs: dict[int, tuple[str, Any]] = {}  # each rank's last word: ("step", its step's shape) or ("wait", next arrival)
+    for r, g in enumerate(gens):
+        try:
+            msgs[r] = next(g)
+        except StopIteration as done:
+            traces[r] = done.value[2]
+    now = 0.0
+    step_time = _StepTimes(pm)
+    while msgs:
+        stepping = [r for r, (kind, _) in msgs.items() if kind == "step"]
+        if stepping:
+            mean_batch = sum(msgs[r][1][0] for r in stepping) / ranks  # the idle ranks hold none
+            step = max(step_time(round(mean_batch, 2), *msgs[r][1][1:]) for r in stepping)
+            now += step
+            replies = {r: (step if msgs[r][0] == "step" else now) for r in msgs}
+        else:  # every rank idle: all wait for the earliest arrival among them
+            now = min(v for _, v in msgs.values())
+            replies = dict.fromkeys(msgs, now)
+        for r, value in replies.items():
+            try:
+                msgs[r] = gens[r].send(value)
+            except StopIteration as done:
+                traces[r] = done.value[2]
+                del msgs[r]
+    done_traces = [t for t in traces if t is not None]
+    return Trace(np.concatenate([t.ttft_s for t in done_traces]), np.concatenate([t.tpot_s for t in done_traces]),
+                 np.concatenate([t.itl_s for t in done_traces]), np.concatenate([t.itl_weight for t in done_traces]),
+                 float(np.mean([t.batch_mean for t in done_traces])), sum(t.preemptions for t in done_traces),
+                 max(t.steps for t in done_traces), all(t.stable for t in done_traces),
+                 np.concatenate([t.admission_wait_s for t in done_traces]),
+                 np.concatenate([t.slots_taken for t in done_traces]))
+
+
+def _engine_steps(pm: PoolModel, policy: Policy, arrivals: np.ndarray, prompt: np.ndarray, cached: np.ndarray,
+                  osl: np.ndarray, measured: np.ndarray, token_budget: int, max_batch: int | None,
+                  kv_capacity_bytes: float | None):
+    """``run_engine``'s engine as a generator: it yields ("step", the step's shape: decodes, their mean context,
+    prompt pieces, their mean new tokens and mean prefix) and is sent the time the step lasted (its own, or
+    longer where it waits for other ranks), or ("wait", its next arrival) when it has nothing to run and is sent
+    the time it resumes at (it may find nothing new yet); it returns ``run_engine``'s tuple."""
     n = arrivals.size
     max_batch = pm.batch_cap if max_batch is None else max_batch
     capacity = pm.kv_budget_bytes if kv_capacity_bytes is None else kv_capacity_bytes
     kv = pm.kv_seq_bytes
     full, window, win_bytes = pm.kv_full_bytes_per_token, pm.kv_window, pm.kv_window_bytes_per_token
-    step_time = _StepTimes(pm)
     first, done = np.full(n, np.nan), np.full(n, np.nan)
     remaining = np.maximum(osl - 1, 0).astype(np.int64)
     need = prompt.astype(np.int64).copy()  # tokens the prefill computes (grows when a preempted one recomputes)
@@ -178,7 +245,7 @@ def run_engine(pm: PoolModel, policy: Policy, arrivals: np.ndarray, prompt: np.n
         if not run_id.size and not waiting:
             if nxt >= n:
                 break
-            t = float(arrivals[nxt])
+            t = yield ("wait", float(arrivals[nxt]))
             continue
         steps += 1
         if steps % CHECK_EVERY_STEPS == 0:
@@ -249,15 +316,16 @@ def run_engine(pm: PoolModel, policy: Policy, arrivals: np.ndarray, prompt: np.n
         ctx_mean = float(run_ctx.sum()) / decodes if decodes else 0.0
         if segments:
             k = len(segments)
-            dt = step_time(decodes, ctx_mean, k, sum(x[1] for x in segments) / k, sum(x[2] for x in segments) / k)
+            shape = (decodes, ctx_mean, k, sum(x[1] for x in segments) / k, sum(x[2] for x in segments) / k)
         else:
             if not decodes:  # the head cannot be admitted and nothing runs: wait for the next arrival
                 if nxt >= n:
                     stable = False
                     break
-                t = float(arrivals[nxt])
+                t = yield ("wait", float(arrivals[nxt]))
                 continue
-            dt = step_time(decodes, ctx_mean, 0, 0.0, 0.0)
+            shape = (decodes, ctx_mean, 0, 0.0, 0.0)
+        dt = yield ("step", shape)
         start, t = t, t + dt
         batch_time += run_id.size * dt
 
@@ -421,10 +489,15 @@ def run_deployment(model: ModelSpec, d: Deployment, w: Workload, pools: Sequence
 
     if d.mode != "disaggregated":
         pm = pools[0]
-        rate = w.rate / pm.pool.engines
-        r = Requests.draw(w, rate, requests, seed) if replay is None else replay.share(pm.pool.engines, seed)
         policy: Policy = "chunked" if d.mode == "chunked" else d.scheduler
         budget_tokens = d.chunk_tokens if d.mode == "chunked" else d.max_batched_tokens
+        ranks = pm.pool.coupled_ranks  # attention-DP ranks that wait for each other: simulated together
+        groups = pm.pool.engines // ranks
+        rate = w.rate / groups
+        r = Requests.draw(w, rate, requests, seed) if replay is None else replay.share(groups, seed)
+        if ranks > 1:
+            return run_lockstep(pm, policy, ranks, r.arrivals, r.isl - r.cached, r.cached, r.osl, r.measured,
+                                budget_tokens, seed)
         _, _, trace = run_engine(pm, policy, r.arrivals, r.isl - r.cached, r.cached, r.osl, r.measured, budget_tokens)
         return trace
     pre, dec = pools
