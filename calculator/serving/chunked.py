@@ -127,8 +127,7 @@ def analyse_budgets(pm: PoolModel | PoolRows, w: Workload, total_rate: np.ndarra
         room_g = np.maximum(pieces[:, None, None] - b, 1.0)
         work_g, t_b_g = _busy_steps(whole[:, None, None], isl_new, room_g, s_g, full_g, k_g, lam3)
         x_g = s_g - k_g * t_d_g
-        holds_g = np.where(whole[:, None, None], np.maximum(np.floor((chunks[:, None, None] - b) / max(isl_new, 1.0)),
-                                                            1.0), 0.0)
+        holds_g = _whole_prompts_a_step(whole[:, None, None], chunks[:, None, None], b, isl_new)
         lam_start, own_g = lam3, s_g
         tpot_g = busy_tpot(lam3, b, seen_g, lam3 * x_g, work_g, t_b_g, cv2, ca2)
         if coupled:  # the rows whose ranks wait for each other's prompts, alone (the others are as computed)
@@ -172,7 +171,7 @@ def analyse_budgets(pm: PoolModel | PoolRows, w: Workload, total_rate: np.ndarra
     wh = whole[:, None]
     work_s, t_b = _busy_steps(wh, isl_new, room, s_mean, t_full, k_mean, lam)
     slope = interp_rows(grid, tab["decode_only"], b_cap + 1) - t_d
-    holds = np.where(wh, np.maximum(np.floor((chunks[:, None] - b_cap) / max(isl_new, 1.0)), 1.0), 0.0)
+    holds = _whole_prompts_a_step(wh, chunks[:, None], b_cap, isl_new)
     # the step a decoding request sees: one sequence more, a rank's share of it where the ranks step together
     seen_s = t_d + slope if not coupled else interp_rows(grid, tab["decode_only"], b_cap + 1 / ranks)
     dp = DPSteps.of(np.where(ranks > 1, lam * work_s, 0.0), seen_s, t_b, ranks, holds) if coupled else None
@@ -209,6 +208,12 @@ def analyse_budgets(pm: PoolModel | PoolRows, w: Workload, total_rate: np.ndarra
                               interference=np.where(wh, "prefill interference", "prefill chunks"), joint=joint,
                               prompt_s=lambda q: s_mean * pm.column(lambda m: _prefill_ratio(m, w, q)), x_full=x_full,
                               start_variance=start_var, dp=dp, ranks=ranks)
+
+
+def _whole_prompts_a_step(whole, budget, batch, new_tokens: float) -> np.ndarray:
+    """Whole prompts a step takes beside ``batch`` decodes within its token ``budget`` (at least the first one),
+    where prompts run whole; 0 where they run in chunked pieces (``DPSteps.of``'s ``holds``)."""
+    return np.where(whole, np.maximum(np.floor((budget - batch) / max(new_tokens, 1.0)), 1.0), 0.0)
 
 
 def _bulk_start(one_step, lam, x, own_s, tpot, w: Workload, x_cv2: float = 0.0, variance: bool = True
