@@ -31,6 +31,7 @@ from .calibration import efficiency_body
 from .arguments import gpu_spec, model_spec
 from .benchfiles import BenchPoint, read_benchmark_files
 from .errors import InputError
+from .formula import quieted
 from .serving import Deployment, Pool, PoolModel, Workload, analyse
 from .serving.closed import closed_loop
 
@@ -113,28 +114,39 @@ def _deployment(gpu_id: str, tp: int, weight_dtype: str, kv_dtype: str, run: Ben
 
 def _predict(model: ModelSpec, gpu: GPUSpec, runs: Sequence[BenchPoint], setup: dict[str, Any]) -> list[tuple[float | None, float | None]]:
     """(median TTFT, median TPOT) of each run, or (None, None) where the model calls the run's throughput
-    unstable: ``evaluate``'s 50th-percentile computation (``analyse`` at p = 0.5), without its other percentiles."""
-    out: list[tuple[float | None, float | None]] = []
-    for r in runs:
+    unstable: ``evaluate``'s 50th-percentile computation (``analyse`` at p = 0.5), without its other percentiles.
+    Open-loop runs on the same deployment with the same mean lengths (a rate sweep) share one ``analyse`` call
+    over their throughputs (it is element-wise in the rate)."""
+    out: list[tuple[float | None, float | None]] = [(None, None)] * len(runs)
+    sweeps: dict[tuple[Deployment, float, float], list[int]] = {}
+    for i, r in enumerate(runs):
         budget.check()
         d = _deployment(gpu.id, run=r, **setup)
-        w = Workload(rate=r.throughput_rps, isl=r.isl_mean, osl=r.osl_mean)
-        pools = tuple(PoolModel.build(model, p, w, gpu) for p in d.pools)
-        if not all(pm.fits for pm in pools):
-            raise InputError("tp", f"{pools[0].reason}")
         if r.request_rate_rps is None and r.max_concurrency is not None and (
                 d.mode == "chunked" or d.scheduler == "hybrid"):
             # a closed loop: N requests always in flight, no Poisson queue (its means; fixed lengths)
-            c = closed_loop(pools[0], r.isl_mean, r.osl_mean, r.max_concurrency,
+            pool = _pool_model(model, d, Workload(rate=r.throughput_rps, isl=r.isl_mean, osl=r.osl_mean), gpu)[0]
+            c = closed_loop(pool, r.isl_mean, r.osl_mean, r.max_concurrency,
                             setup["chunk_tokens"] or setup["max_batched_tokens"])
-            out.append((c.ttft_s, c.tpot_s))
-            continue
-        a = analyse(model, d, w, np.array([r.throughput_rps]), 0.5, pools)
-        if not bool(a.stable[0]):
-            out.append((None, None))
-            continue
-        out.append((float(a.ttft_p_s[0]), float(a.tpot_p_s[0])))
+            out[i] = (c.ttft_s, c.tpot_s)
+        else:
+            sweeps.setdefault((d, r.isl_mean, r.osl_mean), []).append(i)
+    for (d, isl, osl), members in sweeps.items():
+        budget.check()
+        w = Workload(rate=runs[members[0]].throughput_rps, isl=isl, osl=osl)
+        a = analyse(model, d, w, np.array([runs[i].throughput_rps for i in members]), 0.5, _pool_model(model, d, w, gpu))
+        for j, i in enumerate(members):
+            if bool(a.stable[j]):
+                out[i] = (float(a.ttft_p_s[j]), float(a.tpot_p_s[j]))
     return out
+
+
+def _pool_model(model: ModelSpec, d: Deployment, w: Workload, gpu: GPUSpec) -> tuple[PoolModel, ...]:
+    """The deployment's pool models; a layout that does not fit the GPU's memory is an error naming ``tp``."""
+    pools = tuple(PoolModel.build(model, p, w, gpu) for p in d.pools)
+    if not all(pm.fits for pm in pools):
+        raise InputError("tp", f"{pools[0].reason}")
+    return pools
 
 
 def _with(gpu: GPUSpec, x: np.ndarray) -> GPUSpec:
@@ -200,6 +212,7 @@ def _fit(model: ModelSpec, gpu: GPUSpec, runs: Sequence[BenchPoint], setup: dict
     return _with(gpu, x)
 
 
+@quieted
 def calibrate(model: str | ModelSpec, gpu: str | GPUSpec, runs: Iterable[BenchPoint] | None = None, *,
               files: Iterable[str | os.PathLike[str]] | None = None, tp: int = 1, weight_dtype: str = "bf16",
               kv_dtype: str = "bf16", scheduler: str = "hybrid", max_batched_tokens: int = 8192,
