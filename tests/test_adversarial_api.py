@@ -185,7 +185,11 @@ def test_the_worst_allowed_request_stops_at_its_deadline_while_health_answers(se
         elapsed = time.perf_counter() - t
     assert r.status_code == 504 and "deadline" in r.json()["detail"], r.text[:300]
     assert elapsed < DEADLINE_S + 1.0
-    assert len(probe.latencies_s) > 10 and max(probe.latencies_s) < 0.1, [round(x * 1e3) for x in probe.latencies_s]
+    # the loop answers between the search's GIL-held stretches: nearly every probe within milliseconds, and the
+    # worst within a quarter second (a 2-core AVX2 VM showed one 50-170 ms stretch a run; the defect was 138 s,
+    # and a load balancer's health probe waits 1 s by default)
+    ms = sorted(round(x * 1e3) for x in probe.latencies_s)
+    assert len(ms) > 10 and ms[len(ms) // 2] < 20 and ms[-1] < 250, ms
 
 
 def test_work_stops_when_the_client_disconnects(server):

@@ -198,7 +198,7 @@ def analyse_budgets(pm: PoolModel | PoolRows, w: Workload, total_rate: np.ndarra
     # ceil(n / room) steps at the full batch's room, averaged over the prompt lengths
     vals, weights = w.isl.points()
     room_full = np.maximum(chunks - np.maximum(np.floor(limits) - 1, 0.0), 1.0)  # beside the L - 1 others' decodes
-    steps_full = (weights * np.ceil(vals * (1 - w.prefix_hit) / room_full[:, None] - 1e-9)).sum(axis=1)
+    steps_full = _mean_pieces(vals * (1 - w.prefix_hit), weights, room_full)
     own_steps = np.where(wh, 1.0, np.maximum(steps_full, 1.0)[:, None])
     return single_pool_arrays(pm, w, lam, p, batch, limit, t_d, tpot, rho_x, lam * work_s, x_mean, work_s, s_mean,
                               s_q, slope, piece_s=piece_s, own_steps=own_steps, queued_s=(s_queued, s_queued_q),
@@ -208,6 +208,19 @@ def analyse_budgets(pm: PoolModel | PoolRows, w: Workload, total_rate: np.ndarra
                               interference=np.where(wh, "prefill interference", "prefill chunks"), joint=joint,
                               prompt_s=lambda q: s_mean * pm.column(lambda m: _prefill_ratio(m, w, q)), x_full=x_full,
                               start_variance=start_var, dp=dp, ranks=ranks)
+
+
+SAMPLE_BLOCK = 1 << 16
+"""Elements per block of a (rows x length samples) table: 20,000 samples over hundreds of configurations are
+tens of MB a temporary, whose page faults stall the server's other threads; blocks of 64 Ki stay in cache."""
+
+
+def _mean_pieces(new_tokens: np.ndarray, weights: np.ndarray, room: np.ndarray) -> np.ndarray:
+    """E[ceil(n / room)] per row of ``room``, over prompt lengths ``new_tokens`` with probabilities ``weights``: the
+    steps a prompt takes in pieces of ``room`` tokens (in row blocks of ``SAMPLE_BLOCK`` elements)."""
+    rows = max(1, SAMPLE_BLOCK // max(new_tokens.size, 1))
+    return np.concatenate([(weights * np.ceil(new_tokens / room[i:i + rows, None] - 1e-9)).sum(axis=1)
+                           for i in range(0, room.size, rows)]) if room.size else np.zeros(0)
 
 
 def _whole_prompts_a_step(whole, budget, batch, new_tokens: float) -> np.ndarray:
