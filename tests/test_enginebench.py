@@ -100,9 +100,25 @@ def test_poisson_arrivals_follow_the_rate() -> None:
     recs = asyncio.run(client.poisson_load(send, ["x"] * 200, 1, 1, 400.0, np.random.default_rng(1)))
     assert all(r.ok for r in recs)
     span = sent[-1] - sent[0]
-    assert 199 / span == pytest.approx(400, rel=0.25)  # 200 exponential gaps at 400/s: ~0.5 s
+    assert 199 / span == pytest.approx(400, rel=0.03)  # 199 gaps spanning 199 / 400 s (the event loop's timer aside)
     assert client.arrival_rate_rps(recs) == pytest.approx(199 / span, rel=1e-12)  # what a load point records
     assert client.arrival_rate_rps(recs[:1]) is None
+
+
+def test_conditioned_arrivals_are_poisson_at_exactly_the_rate() -> None:
+    """Sorted uniforms between an arrival at 0 and one at (n - 1) / rate: the sample's rate is the rate, and its gaps
+    look exponential (mean 1 / rate, coefficient of variation 1, P(gap > mean) = e^-1), where free exponential
+    gaps of 200 requests stray from the rate by several percent."""
+    rng = np.random.default_rng(7)
+    t = client.conditioned_arrivals(rng, 200, 5.0)
+    assert t[0] == 0.0 and t[-1] == pytest.approx(199 / 5.0, rel=1e-12) and np.all(np.diff(t) >= 0)
+    free = [199 / client.poisson_arrivals(rng, 200, 5.0)[-1] for _ in range(200)]
+    assert np.std(free) / 5.0 > 0.05  # ~7%: what the conditioning removes
+    gaps = np.diff(client.conditioned_arrivals(rng, 40_000, 5.0))
+    assert gaps.mean() == pytest.approx(0.2, rel=1e-9)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.02)
+    assert np.mean(gaps > 0.2) == pytest.approx(np.exp(-1), abs=0.01)
+    assert client.conditioned_arrivals(rng, 1, 5.0).tolist() == [0.0] and client.conditioned_arrivals(rng, 0, 5.0).size == 0
 
 
 def test_prometheus_totals_sum_over_labels() -> None:

