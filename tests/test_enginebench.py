@@ -184,6 +184,27 @@ def test_engine_command_lines() -> None:
     assert kv["kv_role"] == "kv_producer" and kv["kv_connector_extra_config"]["shared_storage_path"] == "/kv"
 
 
+def test_processes_get_cores_of_their_own_where_the_machine_has_them() -> None:
+    """The engine cores take the lowest cores; the API servers and the client follow, sharing only when
+    cores run out. Two cores give the committed runs' layout."""
+    lay = engine.core_layout
+    two, two_d = lay({0, 1}, 1), lay({0, 1}, 2)
+    assert (two.engines, two.front_ends, two.client) == ((0,), (frozenset({1}),), frozenset({1})) and two.shared
+    assert (two_d.engines, two_d.front_ends, two_d.client) == ((0, 1), (None, None), None) and two_d.shared
+    three = lay({4, 5, 6}, 1)  # the cores the run was given, not 0..n-1
+    assert (three.engines, three.front_ends, three.client) == ((4,), (frozenset({5}),), frozenset({6}))
+    assert not three.shared
+    four_d, five_d = lay(set(range(4)), 2), lay(set(range(5)), 2)
+    assert four_d.front_ends == (frozenset({2}),) * 2 and four_d.client == frozenset({3}) and four_d.shared
+    assert five_d.front_ends == (frozenset({2}), frozenset({3})) and five_d.client == frozenset({4})
+    assert not five_d.shared
+    assert lay({0}, 2).engines == (0, 0) and lay({0}, 1).shared
+    assert five_d.describe() == ("engine cores on cores 0 and 1, API server 1 on core 2, API server 2 on core 3, "
+                                 "client on core 4")
+    with pytest.raises(ValueError, match="cores"):
+        lay(set(), 1)
+
+
 def test_configurations_map_to_the_deployments_the_engine_runs() -> None:
     d = predict.deployment(engine.CONFIGS["off"], "cpu-local")
     assert (d.mode, d.scheduler, d.max_batched_tokens, d.pool.max_batch) == ("mixed", "hybrid", 2048, 64)
@@ -305,6 +326,12 @@ def test_report_checks_orderings_and_bounds(tmp_path: Path) -> None:
     report.write_outputs(r, tmp_path)
     md = (tmp_path / "report.md").read_text()
     assert "| chunk64 | 4.00 | 4.20 | 0.50 |" in md and "+30%" in md  # offered, arrived (recorded: no *)
+    # a report that does not record its cores ran on two, in the layout core_layout gives them
+    assert ("out of the 2 the run had; co-located: engine core on core 0, API server on core 1, client on core 1; "
+            "1P1D: engine cores on cores 0 and 1, API servers unpinned, client unpinned. Where processes share") in md
+    five = report.markdown(r.model_copy(update={"cores": (0, 1, 2, 3, 4)}))
+    assert "out of the 5 the run had; co-located: engine core on core 0, API server on core 1, client on core 4;" in five
+    assert "Where processes share" not in five  # 1P1D's front ends have cores of their own; co-located too
     assert (tmp_path / "plot.png").stat().st_size > 10_000
     again = results.ServingReport.model_validate_json((tmp_path / "report.json").read_text())
     assert again == r

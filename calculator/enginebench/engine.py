@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -60,6 +61,63 @@ CONFIGS = {
     "chunk64": EngineConfig("chunk 64", 64),
     "1p1d": EngineConfig("1P1D (disaggregated)", None, disaggregated=True),
 }
+
+
+@dataclass(frozen=True)
+class CoreLayout:
+    """Which cores each process of a configuration runs on: an engine core per instance, the API server(s) and
+    the load client. ``None``: not pinned (it shares every core the run has)."""
+
+    engines: tuple[int, ...]
+    front_ends: tuple[frozenset[int] | None, ...]  # one per instance
+    client: frozenset[int] | None
+
+    @property
+    def shared(self) -> bool:
+        """Whether two of its processes share a core (an unpinned one shares them all)."""
+        placed = [frozenset({c}) for c in self.engines] + list(self.front_ends) + [self.client]
+        return any(a is None or b is None or bool(a & b) for a, b in itertools.combinations(placed, 2))
+
+    def describe(self) -> str:
+        """The layout in words, for the report, e.g. "engine core on core 0, API server on core 1, client on
+        core 2"."""
+        n = len(self.engines)
+        parts = [("engine core on " if n == 1 else "engine cores on ") + _cores_text(frozenset(self.engines))]
+        if all(f is None for f in self.front_ends):
+            parts.append(("API server" if n == 1 else "API servers") + " unpinned")
+        elif len(set(self.front_ends)) == 1:
+            parts.append(("API server on " if n == 1 else "API servers on ") + _cores_text(self.front_ends[0]))
+        else:
+            parts += [f"API server {i + 1} on {_cores_text(f)}" for i, f in enumerate(self.front_ends) if f]
+        parts.append("client unpinned" if self.client is None else "client on " + _cores_text(self.client))
+        return ", ".join(parts)
+
+
+def _cores_text(cores: frozenset[int]) -> str:
+    c = [str(x) for x in sorted(cores)]
+    return f"core {c[0]}" if len(c) == 1 else "cores " + ", ".join(c[:-1]) + " and " + c[-1]
+
+
+def core_layout(cores: set[int] | frozenset[int], instances: int) -> CoreLayout:
+    """Where a configuration's processes run on a machine with ``cores``: each engine core alone on a core
+    (the lowest ones), then, as cores allow, the API servers and the client on cores of their own, so that no
+    front end takes time from a step. On 2 cores a co-located engine's API server and the client share the
+    other core, and 1P1D's front ends share the engines' cores (the layout of the runs committed so far); with
+    3 cores every process of a co-located configuration has a core of its own; 1P1D needs 5 for that (with 3
+    its front ends and the client share the third, with 4 its two API servers share one)."""
+    c = sorted(cores)
+    if not c:
+        raise ValueError("cores: the run has no core to pin to")
+    engines = tuple(c[min(i, len(c) - 1)] for i in range(instances))
+    rest = c[instances:]
+    if not rest:
+        return CoreLayout(engines, (None,) * instances, None)
+    if len(rest) == 1:
+        one = frozenset(rest)
+        return CoreLayout(engines, (one,) * instances, one)
+    fronts = rest[:-1]
+    front_ends = tuple(frozenset({fronts[min(i, len(fronts) - 1)]}) for i in range(instances))
+    return CoreLayout(engines, front_ends, frozenset({rest[-1]}))
 
 
 def free_port() -> int:

@@ -8,7 +8,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from .engine import CONFIGS
+from .engine import CONFIGS, core_layout
 from .predict import Drift, drift, measured_steps, point_checks
 from .results import NEIGHBOUR_BATCH, LoadPoint, ServingReport
 
@@ -220,6 +220,18 @@ def _neighbour_lines(report: ServingReport) -> list[str]:
     return lines
 
 
+def _layout_text(report: ServingReport) -> str:
+    """Where the run's processes ran (``engine.core_layout`` over the cores it had)."""
+    cores = report.cores or (0, 1)
+    colocated, disaggregated = core_layout(set(cores), 1), core_layout(set(cores), 2)
+    text = (f"Each engine core (scheduler and model worker in one process) is pinned to one core, out of "
+            f"the {len(cores)} the run had; co-located: {colocated.describe()}; 1P1D: {disaggregated.describe()}.")
+    if colocated.shared or disaggregated.shared:
+        text += (" Where processes share a core, the front ends' parsing and streaming take time from the engine or "
+                 "the client beside them.")
+    return text
+
+
 def markdown(report: ServingReport) -> str:
     c = report.calibration
     loads = [p.load_average for p in report.points]
@@ -231,10 +243,8 @@ def markdown(report: ServingReport) -> str:
          f"1-minute load average {min(loads):.2f}–{max(loads):.2f} during the load points."),
         "",
         (f"Model: random-weight Llama (4 layers, hidden 512, 8/2 heads, vocab 4096, {report.dtype}"
-         f"{'' if report.dtype == 'bf16' else ': this CPU has no native bf16'}). Each engine core "
-         f"(scheduler and model worker in one process) is pinned to a core of its own; co-located, its API server "
-         f"and the client share the other core; 1P1D holds both cores with its two engines, and the two API "
-         f"servers and the client share them. Every request: {report.isl} prompt tokens (random words, no "
+         f"{'' if report.dtype == 'bf16' else ': this CPU has no native bf16'}). {_layout_text(report)} "
+         f"Every request: {report.isl} prompt tokens (random words, no "
          f"prefix-cache hits: caching off), exactly {report.osl} output tokens, Poisson arrivals, "
          f"{report.requests_per_point} requests per point, streamed."),
         *(["", (f"Predictions made again by {report.predicted_by} from this run's measurements "

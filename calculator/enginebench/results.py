@@ -229,6 +229,9 @@ class ServingReport(_Record):
                                              "memory); None in reports before 2026-12-04")
     predicted_by: str | None = Field(default=None, description="the pdplan that made the predictions when it is "
                                      "not the one that ran the engine (``pdplan validate --serving --reanalyse``)")
+    cores: tuple[int, ...] | None = Field(default=None, description=(
+        "the cores the run had (its processes placed on them by ``engine.core_layout``); None in reports before "
+        "2026-12-07's evening, which ran on 2 cores in the layout ``core_layout`` gives for 2"))
 
 
 class Curve(_Record):

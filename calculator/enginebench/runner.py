@@ -28,7 +28,7 @@ from .client import (
     prometheus_totals,
     stream_tokens,
 )
-from .engine import CONFIGS, HOST, EngineConfig, Server, check_engine, free_port, server_argv
+from .engine import CONFIGS, HOST, EngineConfig, Server, check_engine, core_layout, free_port, server_argv
 from .model import ENGINE_MODEL, prompt, write_model
 from .predict import (CHECK_PROMPT_TOKENS, StepPoint, at_check, capacity_rps, curve, drift, fit_device,
                       measured_steps, predict, split_transfer, with_link)
@@ -115,10 +115,10 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
             cfg = CONFIGS[name]
             tick(f"{cfg.name}: starting the engine")
             servers = _servers(python, model_dir, work, cfg, dtype)
-            with servers as ports, _client_core(None if cfg.disaggregated else 1):
+            with servers as ports, _client_core(servers.layout.client):
                 if not cfg.disaggregated:  # every instance is measured: two starts of one engine differ by up to ~30%
                     tick(f"{cfg.name}: unloaded step times")
-                    calib, device = _calibrate(ports[0], cfg, ceilings, quick)
+                    calib, device = _calibrate(ports[0], cfg, ceilings, quick, servers.layout.front_ends[0])
                     calib = calib.model_copy(update={"config": name})
                     calibrations.append(calib)
                     devices.append(device)
@@ -172,6 +172,7 @@ def run(out_dir: Path | None = None, engine_python: str | None = None, quick: bo
             isl=ISL, osl=OSL, requests_per_point=n_req, seed=seed, arrivals="conditioned", calibration=calib, calibrations=tuple(calibrations), points=tuple(points), curves=tuple(curves),
             wall_s=time.perf_counter() - t_start, matmul_gflops=ceilings.matmul_flops_per_s / 1e9,
             copy_gb_s=ceilings.memory_bytes_per_s / 1e9, dtype=dtype, memory_total_bytes=ceilings.memory_total_bytes,
+            cores=tuple(sorted(_cores())),
         )
         if out_dir is not None:
             from .report import write_outputs
@@ -207,16 +208,15 @@ def _cores() -> set[int]:
 
 
 @contextlib.contextmanager
-def _client_core(core: int | None):
-    """Run this process (the client) on ``core`` while the block runs, where the machine has it (a
-    co-located engine holds core 0; 1P1D holds both, and the client then shares them)."""
+def _client_core(cores: frozenset[int] | None):
+    """Run this process (the client) on ``cores`` while the block runs (``None``: where it was)."""
     try:
         before = os.sched_getaffinity(0)
     except AttributeError:
         yield
         return
-    if core is not None and core in before and len(before) > 1:
-        os.sched_setaffinity(0, {core})
+    if cores and cores <= before:
+        os.sched_setaffinity(0, cores)
     try:
         yield
     finally:
@@ -224,11 +224,12 @@ def _client_core(core: int | None):
 
 
 class _servers:
-    """The engine instance(s) of a configuration: one, or a prefill and a decode instance on separate cores
-    sharing a KV directory."""
+    """The engine instance(s) of a configuration: one, or a prefill and a decode instance sharing a KV
+    directory, each engine core on a core of its own and the front ends placed by ``core_layout``."""
 
     def __init__(self, python: str, model_dir: Path, work: Path, cfg: EngineConfig, dtype: str):
         self.python, self.model_dir, self.work, self.cfg, self.dtype = python, model_dir, work, cfg, dtype
+        self.layout = core_layout(_cores(), 2 if cfg.disaggregated else 1)
         self.servers: list[Server] = []
 
     def __enter__(self) -> list[int]:
@@ -246,13 +247,12 @@ class _servers:
             raise
         return [s.port for s in self.servers]
 
-    def _start(self, core: int, role: str | None, kv: Path | None = None) -> None:
+    def _start(self, instance: int, role: str | None, kv: Path | None = None) -> None:
         port = free_port()
         argv = server_argv(self.python, self.model_dir, SERVED_NAME, port, self.cfg, role, kv, self.dtype)
         log = self.work / f"engine-{len(self.servers)}-{self.cfg.budget_tokens}.log"
-        cores = _cores()
-        front = (cores - {core}) if not self.cfg.disaggregated and len(cores) > 1 else None
-        s = Server(argv, log, core, port, front)
+        front = self.layout.front_ends[instance]
+        s = Server(argv, log, self.layout.engines[instance], port, set(front) if front else None)
         self.servers.append(s)
         s.__enter__()
 
@@ -317,7 +317,8 @@ DECODE_POINTS = {  # (prompt tokens, outputs, batches): a short context and the 
 }
 
 
-def _calibrate(port: int, cfg: EngineConfig, ceilings, quick: bool):  # type: ignore[no-untyped-def]
+def _calibrate(port: int, cfg: EngineConfig, ceilings, quick: bool,  # type: ignore[no-untyped-def]
+               front: frozenset[int] | None):
     from ..microbench.ceilings import device_spec
 
     rng = np.random.default_rng(12345)
@@ -340,7 +341,7 @@ def _calibrate(port: int, cfg: EngineConfig, ceilings, quick: bool):  # type: ig
             points.append(StepPoint("decode", round(statistics.mean(c for _, c in runs)), b,
                                     statistics.median(g for g, _ in runs)))
     device, rms = fit_device(device_spec(ceilings), points, ceilings.dtype)
-    near = _neighbour_effect(port, rng)
+    near = _neighbour_effect(port, rng, front)
     calib = Calibration(steps=tuple(StepTime(phase=p.phase, tokens=p.tokens, batch=p.batch, seconds=p.seconds,
                                              chunk=p.chunk) for p in points), efficiency=device.efficiency, fit_rms_rel_error=rms,
                         front_end_request_s=float(statistics.median(front)), transfer_s=None,
@@ -369,10 +370,10 @@ def _check(decode_port: int, prefill_port: int, rng: np.random.Generator) -> tup
     return decode, prefill
 
 
-def _neighbour_effect(port: int, rng: np.random.Generator) -> dict[str, float]:
-    """The decode step alone and beside each neighour on the front-end core, s ({} on a one-core machine).
-    Measured alone, beside each, alone again; "alone" is the two alone runs' mean."""
-    front = _cores() - {0}
+def _neighbour_effect(port: int, rng: np.random.Generator, front: frozenset[int] | None) -> dict[str, float]:
+    """The decode step alone and beside each neighbour on the API server's core(s) ``front``, s ({} where the
+    API server has no core apart from the engine's). Measured alone, beside each, alone again; "alone" is the
+    two alone runs' mean."""
     if not front:
         return {}
 
