@@ -530,6 +530,29 @@ def test_the_runs_with_checks_are_this_versions_prediction(record: Path) -> None
         assert e is not None and abs(e) <= report.SATURATION_BOUND, (cf, e)
 
 
+CONDITIONED_RUN = COMMITTED.parent / "vllm-cpu-2026-12-07-avx2-conditioned"
+
+
+def test_the_run_with_conditioned_arrivals_arrived_at_its_offered_rates() -> None:
+    """The first full run whose points drew arrivals conditioned on spanning (n - 1) / rate (the AVX2 VM, fp32):
+    reanalysis reproduces it, every point arrived at its offered rate (the client's timer aside; free draws of
+    200 strayed by up to ~7%), each is predicted at that rate, and every saturation is within 15%."""
+    from calculator.enginebench.reanalysis import reanalyse
+
+    rep = results.ServingReport.model_validate_json((CONDITIONED_RUN / "report.json").read_text(encoding="utf-8"))
+    assert rep.arrivals == "conditioned" and rep.requests_per_point == 200 and rep.dtype == "fp32"
+    again = reanalyse(rep)
+    assert _same(again.model_dump(exclude={"predicted_by"}), rep.model_dump(exclude={"predicted_by"}))
+    for pt in rep.points:
+        assert not pt.arrival_rate_replayed and pt.arrival_rate_rps == pytest.approx(pt.rate_rps, rel=0.01)
+        assert pt.predicted_at_rps == pt.arrival_rate_rps
+    for cf in ("off", "chunk256", "chunk64", "1p1d"):
+        e = report.rel_error(report.predicted_saturation_rps(rep, cf), report.saturation_rps(rep, cf))
+        assert e is not None and abs(e) <= report.SATURATION_BOUND, (cf, e)
+    within = [c for c in report.checks(rep, report.widening(rep)) if " within " in c.name and " at " in c.name]
+    assert len(within) == 48 and sum(c.passed for c in within) == 39
+
+
 def test_a_chunked_instance_near_its_slots_never_predicts_a_negative_tpot() -> None:
     """The first 2026-12-07 run's chunk-64 instance at its 0.6 point: 63 slots beside a 64-token budget leave a
     full batch 1-2 tokens of room, so a 512-token prompt runs in 256 pieces. With the one attention kernel
