@@ -318,7 +318,7 @@ DECODE_POINTS = {  # (prompt tokens, outputs, batches): a short context and the 
 
 
 def _calibrate(port: int, cfg: EngineConfig, ceilings, quick: bool,  # type: ignore[no-untyped-def]
-               front: frozenset[int] | None):
+               api_cores: frozenset[int] | None):
     from ..microbench.ceilings import device_spec
 
     rng = np.random.default_rng(12345)
@@ -341,7 +341,7 @@ def _calibrate(port: int, cfg: EngineConfig, ceilings, quick: bool,  # type: ign
             points.append(StepPoint("decode", round(statistics.mean(c for _, c in runs)), b,
                                     statistics.median(g for g, _ in runs)))
     device, rms = fit_device(device_spec(ceilings), points, ceilings.dtype)
-    near = _neighbour_effect(port, rng, front)
+    near = _neighbour_effect(port, rng, api_cores)
     calib = Calibration(steps=tuple(StepTime(phase=p.phase, tokens=p.tokens, batch=p.batch, seconds=p.seconds,
                                              chunk=p.chunk) for p in points), efficiency=device.efficiency, fit_rms_rel_error=rms,
                         front_end_request_s=float(statistics.median(front)), transfer_s=None,
@@ -370,11 +370,11 @@ def _check(decode_port: int, prefill_port: int, rng: np.random.Generator) -> tup
     return decode, prefill
 
 
-def _neighbour_effect(port: int, rng: np.random.Generator, front: frozenset[int] | None) -> dict[str, float]:
-    """The decode step alone and beside each neighbour on the API server's core(s) ``front``, s ({} where the
-    API server has no core apart from the engine's). Measured alone, beside each, alone again; "alone" is the
-    two alone runs' mean."""
-    if not front:
+def _neighbour_effect(port: int, rng: np.random.Generator, api_cores: frozenset[int] | None) -> dict[str, float]:
+    """The decode step alone and beside each neighbour on the API server's core(s) ``api_cores``, s ({} where
+    the API server has no core apart from the engine's). Measured alone, beside each, alone again; "alone" is
+    the two alone runs' mean."""
+    if not api_cores:
         return {}
 
     def step() -> float:
@@ -382,7 +382,7 @@ def _neighbour_effect(port: int, rng: np.random.Generator, front: frozenset[int]
 
     def pin() -> None:
         with contextlib.suppress(AttributeError, OSError):
-            os.sched_setaffinity(0, front)
+            os.sched_setaffinity(0, api_cores)
 
     out = {"alone": step()}
     for kind, code in NEIGHBOURS.items():
