@@ -25,6 +25,7 @@ import numpy as np
 
 from hardware_db.schema import ModelSpec
 
+from .. import budget
 from .. import formulas as f
 from ..kv_cache import kv_cache_bytes
 from ..phases import pair_link_bytes_per_s
@@ -341,6 +342,7 @@ def chain_moments(lam, t0, tau, most: float, cv2: float, backlog: bool = False, 
             while stop < len(members) and (n + cells[members[stop]]) * size <= CHAIN_CELLS_STATES:
                 n += cells[members[stop]]
                 stop += 1
+            budget.check()  # a stop point per solve: a plan of many large chains answers its deadline on time
             batch = np.isin(pair, members[start:stop])
             for o, x in zip(out, _chain(flat[batch], t0[batch], tau[batch], full, cv2, top, backlog, count)):
                 o[batch] = x
