@@ -47,8 +47,8 @@ from .base import (
     excess_sum,
     first_root,
     full_batch_tpot_quantile,
-    interp_rows,
     gamma_arrival_wait_probability,
+    interp_rows,
     product_form_step_moments,
     quantile_table_tail,
     queue_wait,
@@ -257,11 +257,14 @@ def _arrival_pmf(mu: np.ndarray, mix: np.ndarray, cv2: float, counts: int) -> np
     without spread (``mix`` 0: a step whose length does not grow with its prompts) is Poisson, and one without
     arrivals (``mu`` 0) has none (both had put all the mass at ``counts``: E[b] 4 and 2 where 1 is right)."""
     n = np.arange(counts + 1, dtype=float)
-    log_fact = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, counts + 1)))])
-    mu, mix = mu[:, None], mix[:, None]
+    log_fact = _log_factorials(counts)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
-        log_pmf = np.where(n == 0, 0.0, n * np.log(mu)) - mu - log_fact  # Poisson (n log mu is 0 at n = 0)
+        log_pmf = np.multiply.outer(np.log(mu), n)  # Poisson: n log mu - mu - log n!
+        log_pmf[:, 0] = 0.0  # n log mu is 0 at n = 0, mu 0 included
+        log_pmf -= mu[:, None]
+        log_pmf -= log_fact
         if cv2 > 0:
+            mu, mix = mu[:, None], mix[:, None]
             r = mu**2 / mix  # the gamma's shape: where it is not a positive float the mix is Poisson to rounding
             p = mu / (mu + r)
             # log Gamma(n + r) - log Gamma(r) = sum_{i < n} log(r + i)
@@ -269,9 +272,19 @@ def _arrival_pmf(mu: np.ndarray, mix: np.ndarray, cv2: float, counts: int) -> np
             mixed = rising - log_fact + r * np.log1p(-p) + np.where(n == 0, 0.0, n * np.log(p))
             ok = (mix > 0) & (mu > 0) & np.isfinite(r) & (r > 0)
             log_pmf = np.where(ok & np.isfinite(mixed).all(axis=-1, keepdims=True), mixed, log_pmf)
-    pmf = np.exp(np.nan_to_num(log_pmf, nan=-np.inf))
+        pmf = np.exp(log_pmf, out=log_pmf)
+    if not np.isfinite(pmf).all():  # a NaN rate weighs nothing here (its mass goes to ``counts``)
+        pmf[np.isnan(pmf)] = 0.0
     pmf[:, -1] += np.maximum(1 - pmf.sum(axis=-1), 0.0)
     return pmf
+
+
+@functools.lru_cache(maxsize=16)
+def _log_factorials(counts: int) -> np.ndarray:
+    """log n! for n = 0 ... ``counts`` (read-only: cached)."""
+    out = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, counts + 1)))])
+    out.flags.writeable = False
+    return out
 
 
 def step_chain(pre: PoolModel | PoolRows, w: Workload, lam, budget_tokens: int, backlog: bool = False
@@ -334,25 +347,23 @@ def chain_moments(lam, t0, tau, most: float, cv2: float, backlog: bool = False, 
     for j, key in enumerate(zip(tops.tolist(), counts.tolist())):
         chains.setdefault(key, []).append(j)
     for (top, count), members in chains.items():
-        # pairs together up to CHAIN_CELLS_STATES cells x states x counts (bigger arrays run slower per cell)
-        size = _chain_states(top, CHAIN_STATES).size * (count + 1)
-        start = 0
-        while start < len(members):
-            stop, n = start + 1, cells[members[start]]
-            while stop < len(members) and (n + cells[members[stop]]) * size <= CHAIN_CELLS_STATES:
-                n += cells[members[stop]]
-                stop += 1
+        # the cells of those pairs in slices of at most CHAIN_CELLS_STATES cells x states x counts: each cell's
+        # chain solves alone, so slicing changes no figure, and bigger arrays run slower per cell
+        cells = np.flatnonzero(np.isin(pair, members))
+        per = max(1, CHAIN_CELLS_STATES // (_chain_states(top, CHAIN_STATES).size * (count + 1)))
+        for start in range(0, cells.size, per):
             budget.check()  # a stop point per solve: a plan of many large chains answers its deadline on time
-            batch = np.isin(pair, members[start:stop])
+            batch = cells[start:start + per]
             for o, x in zip(out, _chain(flat[batch], t0[batch], tau[batch], full, cv2, top, backlog, count)):
                 o[batch] = x
-            start = stop
     return tuple(x.reshape(lam.shape) for x in out)
 
 
-CHAIN_CELLS_STATES = 4_000_000
-"""Most cells x states x arrival counts of pool models' chains that ``chain_moments`` solves in one call (a plan at
-10^6 req/s of 1-token prompts over every GPU: the pools' chains in one call took 2.7 times their time alone)."""
+CHAIN_CELLS_STATES = 1_000_000
+"""Most cells x states x arrival counts of chains that ``chain_moments`` solves in one call, and so the work between
+its deadline checks. Bigger calls ran slower per cell (a plan at 10^6 req/s of 1-token prompts over every GPU: its
+pools' chains in one call took 2.7 times their time alone); between 10^6 and 4 x 10^6 the time of such plans is
+the same within this VM's noise, and one call takes at most ~0.25 s on it (a 2-core AVX2 EPYC)."""
 
 
 BACKLOG_SPAN = 2.0
@@ -499,9 +510,13 @@ def _backlog_steps(pi, m1, mu, pmf, wide, states, batch, full: int) -> tuple[np.
     wlen = wlen / np.maximum(wlen.sum(-1, keepdims=True), 1e-300)
     left = states - batch
     a = np.arange(pmf.shape[-1], dtype=float)
-    p_a = np.clip(1 - np.cumsum(pmf, axis=-1), 0.0, None) / np.maximum(mu, 1e-300)[..., None]
+    p_a = np.cumsum(pmf, axis=-1)  # then P(N > a) / E[N], in place
+    np.subtract(1.0, p_a, out=p_a)
+    np.maximum(p_a, 0.0, out=p_a)
+    p_a /= np.maximum(mu, 1e-300)[..., None]
     k = np.floor((left[:, None] + a[None, :]) / full)  # (state, arrivals before it)
-    k1, k2 = (p_a * k).sum(-1), (p_a * k**2).sum(-1)
+    # sum over a of P(A = a) k and k^2, per (cell, state): one product per state (cells x arrivals by arrivals x 2)
+    k1, k2 = np.moveaxis(np.matmul(np.swapaxes(p_a, 0, 1), np.stack([k, k**2], axis=-1)), -1, 0).swapaxes(1, 2)
     if wide.any():
         u = (np.arange(BACKLOG_POINTS) + 0.5) / BACKLOG_POINTS
         kw = np.floor((np.broadcast_to(left, mu.shape)[wide][:, None] + mu[wide][:, None] * u[None, :]) / full)
@@ -769,7 +784,7 @@ def analyse_pairs(model: ModelSpec, ds: list[Deployment], pools: list[tuple[Pool
     lam_d = lam / per_row([float(d.decode.engines) for d in ds])  # type: ignore[union-attr]
     decs = PoolRows.of(dec, 1)
     limit = decs.per_row(lambda m: m.batch_limit(w))
-    batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, ap, slots, fixed, tpot_full, full_share = \
+    batch, b_cap, t_d, slope, tpot, tpot_var, tpot_p, life, aq, _ap, slots, fixed, tpot_full, full_share = \
         _decode_side(dec, w, lam_d, p) if one else _decode_rows(decs, w, lam_d, p)
     # where requests wait for a decode slot, that wait follows the prefill, the move and the step in
     # progress: the quantile of the sum (``with_slot_wait``), from that time's quantiles at TAIL_LEVELS
