@@ -1,6 +1,7 @@
 """Serving model v2: one regression test per defect of issue 10, with its figures (direction and size)."""
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -611,6 +612,36 @@ def test_the_step_chain_without_arrivals_or_without_spread():
         assert e_b[0] == pytest.approx(hand, rel=1e-6) and e_t[0] == pytest.approx(0.02, rel=1e-12)  # the chain lumps
         # the arrivals past its reach (mean + 8 sd + 1) at its top: ~1e-7 here
         assert e_t2[0] == pytest.approx(0.02**2, rel=1e-12)
+
+
+def test_chain_moments_in_slices_give_the_same_figures_and_stop_between_them(monkeypatch):
+    """``chain_moments`` solves its cells in slices of at most ``CHAIN_CELLS_STATES`` cells x states x counts, each
+    with a deadline check before it. Each cell's chain solves alone, so one cell a slice gives the figures of one
+    call to rounding (~1e-13 relative here: a matrix product of one row takes another path through BLAS than one
+    of many), and a spent budget stops it before the first slice."""
+    from calculator import budget
+    from calculator.serving import disaggregated as dg
+
+    rng = np.random.default_rng(7)
+    lam = rng.uniform(0.5, 400.0, 60)
+    t0, tau = rng.uniform(0.004, 0.02, 60), rng.uniform(1e-5, 2e-3, 60)
+    groups = np.arange(60) % 3
+    for cv2 in (0.0, 0.5):
+        whole = dg.chain_moments(lam, t0, tau, 64.0, cv2, backlog=True, groups=groups)
+        solves: list[int] = []
+        with monkeypatch.context() as patch:
+            patch.setattr(dg, "CHAIN_CELLS_STATES", 1)
+            patch.setattr(dg, "_chain", lambda flat, *a, seen=solves, chain=dg._chain: seen.append(flat.size)
+                          or chain(flat, *a))
+            sliced = dg.chain_moments(lam, t0, tau, 64.0, cv2, backlog=True, groups=groups)
+        assert solves == [1] * 60
+        for a, b in zip(whole, sliced):
+            np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)
+        assert np.all(whole[0] >= 1) and np.all(np.isfinite(np.concatenate(whole)))
+    with pytest.raises(pc.DeadlineExceeded), budget.deadline(1e-9):
+        time.sleep(1e-3)
+        dg.chain_moments(lam, t0, tau, 64.0, 0.0, backlog=True)
+
 
 def test_a_light_chain_follows_only_the_queue_lengths_it_can_reach(monkeypatch):
     """``_closed_top``: where no step that starts with T prompts waiting has more than T arrivals (to 8 sd), and
