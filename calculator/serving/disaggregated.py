@@ -342,13 +342,12 @@ def chain_moments(lam, t0, tau, most: float, cv2: float, backlog: bool = False, 
     first[pair[::-1]] = np.arange(pair.size)[::-1]  # a cell of each pair
     tops = _closed_tops(flat, t0, tau, pair, full + extra[first].astype(int), full, cv2)
     counts = _chain_counts(flat, t0, tau, pair, tops, full, cv2)
-    cells = np.bincount(pair, minlength=tops.size)
     chains: dict[tuple[int, int], list[int]] = {}
     for j, key in enumerate(zip(tops.tolist(), counts.tolist())):
         chains.setdefault(key, []).append(j)
     for (top, count), members in chains.items():
         # the cells of those pairs in slices of at most CHAIN_CELLS_STATES cells x states x counts: each cell's
-        # chain solves alone, so slicing changes no figure, and bigger arrays run slower per cell
+        # chain solves alone, so slicing changes its figures by rounding at most, and bigger arrays run slower
         cells = np.flatnonzero(np.isin(pair, members))
         per = max(1, CHAIN_CELLS_STATES // (_chain_states(top, CHAIN_STATES).size * (count + 1)))
         for start in range(0, cells.size, per):
@@ -515,8 +514,9 @@ def _backlog_steps(pi, m1, mu, pmf, wide, states, batch, full: int) -> tuple[np.
     np.maximum(p_a, 0.0, out=p_a)
     p_a /= np.maximum(mu, 1e-300)[..., None]
     k = np.floor((left[:, None] + a[None, :]) / full)  # (state, arrivals before it)
-    # sum over a of P(A = a) k and k^2, per (cell, state): one product per state (cells x arrivals by arrivals x 2)
-    k1, k2 = np.moveaxis(np.matmul(np.swapaxes(p_a, 0, 1), np.stack([k, k**2], axis=-1)), -1, 0).swapaxes(1, 2)
+    # sums over a of P(A = a) k and k^2, one matrix product per state: (state, cell, 2)
+    sums = np.matmul(np.swapaxes(p_a, 0, 1), np.stack([k, k**2], axis=-1))
+    k1, k2 = sums[..., 0].T, sums[..., 1].T  # (cell, state)
     if wide.any():
         u = (np.arange(BACKLOG_POINTS) + 0.5) / BACKLOG_POINTS
         kw = np.floor((np.broadcast_to(left, mu.shape)[wide][:, None] + mu[wide][:, None] * u[None, :]) / full)
